@@ -1,0 +1,36 @@
+# Two commands for a fresh clone: `make demo` and `make test`. Both install first when needed.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: install demo test lint format bench clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+demo: install
+	OMP_WAIT_POLICY=PASSIVE $(BIN)/python examples/asr_train.py
+
+test: install lint
+	OMP_WAIT_POLICY=PASSIVE $(BIN)/python -m pytest -q
+
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+format: install
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
+
+bench: install
+	$(BIN)/python benchmarks/import_time.py
+	$(BIN)/python benchmarks/asr_demo.py
+
+clean:
+	rm -rf $(VENV) speechtrain_experiments .pytest_cache .ruff_cache

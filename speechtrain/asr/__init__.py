@@ -1,0 +1,1 @@
+"""Automatic speech recognition: preprocessing, encoders, CTC, tokenizers and metrics."""

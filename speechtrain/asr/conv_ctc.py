@@ -1,0 +1,263 @@
+"""A small convolutional CTC recogniser: the smallest real speech job, trained by ``examples/asr_train.py``.
+
+log-mel (fp32) -> strided Conv1d (subsampling) -> residual depthwise-separable conv blocks -> linear -> CTC.
+The CTC blank is the last output index, after the tokenizer's characters (NeMo's convention).
+"""
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import soundfile as sf
+import torch
+import torch.nn.functional as F
+from omegaconf import OmegaConf
+from torch.utils.data import DataLoader
+
+from speechtrain.asr.features import LogMelFeatures, PreprocessorConfig
+from speechtrain.asr.metrics import word_errors
+from speechtrain.asr.tokenizers import CharTokenizer
+from speechtrain.core.model import SpeechModel
+from speechtrain.core.optim import OptimConfig
+from speechtrain.data.audio_text import AudioTextDataset, collate_audio_text
+from speechtrain.data.synthetic import resolve_manifest
+
+
+@dataclass
+class TokenizerConfig:
+    """Characters of the output vocabulary: a list here, or a tokenizer file (packed into archives)."""
+
+    vocab: list[str] | None = None
+    path: str | None = None
+
+
+@dataclass
+class ConvEncoderConfig:
+    """Encoder sizes.
+
+    Attributes:
+        d_model: channel width.
+        num_layers: residual conv blocks.
+        kernel_size: depthwise kernel (odd).
+        subsampling: time stride of the input convolution.
+        dropout: dropout inside each block.
+    """
+
+    d_model: int = 128
+    num_layers: int = 4
+    kernel_size: int = 9
+    subsampling: int = 2
+    dropout: float = 0.1
+
+
+@dataclass
+class DatasetConfig:
+    """One dataset split: a NeMo manifest (``builtin:dtmf/<split>`` for the built-in corpus)."""
+
+    manifest_filepath: str | None = None
+    batch_size: int = 16
+    shuffle: bool = True
+    num_workers: int = 0
+    min_duration: float | None = None
+    max_duration: float | None = None
+
+
+@dataclass
+class ConvCTCConfig:
+    """Config of :class:`ConvCTCModel`."""
+
+    sample_rate: int = 16000
+    tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
+    preprocessor: PreprocessorConfig = field(default_factory=PreprocessorConfig)
+    encoder: ConvEncoderConfig = field(default_factory=ConvEncoderConfig)
+    train_ds: DatasetConfig = field(default_factory=DatasetConfig)
+    validation_ds: DatasetConfig = field(default_factory=lambda: DatasetConfig(shuffle=False))
+    optim: OptimConfig = field(default_factory=OptimConfig)
+
+
+class ConvBlock(torch.nn.Module):
+    """Pre-norm residual block: LayerNorm -> depthwise conv -> pointwise expand -> GELU -> pointwise -> dropout."""
+
+    def __init__(self, d_model: int, kernel_size: int, dropout: float) -> None:
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(d_model)
+        self.depthwise = torch.nn.Conv1d(d_model, d_model, kernel_size, padding=kernel_size // 2, groups=d_model)
+        self.expand = torch.nn.Linear(d_model, 2 * d_model)
+        self.project = torch.nn.Linear(2 * d_model, d_model)
+        self.dropout = torch.nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """x: (B, F, D); mask: (B, F, 1), 1 on valid frames. Padded frames stay zero."""
+        y = self.norm(x) * mask
+        y = self.depthwise(y.transpose(1, 2)).transpose(1, 2)  # (B, F, D) -> (B, D, F) -> (B, F, D)
+        y = self.project(F.gelu(self.expand(y)))
+        return (x + self.dropout(y)) * mask
+
+
+class ConvCTCModel(SpeechModel):
+    """Convolutional CTC speech recogniser (see module docstring)."""
+
+    Config = ConvCTCConfig
+
+    def __init__(self, cfg: Any) -> None:
+        super().__init__(cfg)
+        cfg = self.cfg
+        if cfg.tokenizer.path:
+            self.tokenizer = CharTokenizer.load(self.register_artifact("tokenizer.path", cfg.tokenizer.path))
+        elif cfg.tokenizer.vocab:
+            self.tokenizer = CharTokenizer(list(cfg.tokenizer.vocab))
+        else:
+            raise ValueError("model.tokenizer needs either vocab (a list of characters) or path (a tokenizer file).")
+        enc = cfg.encoder
+        self.preprocessor = LogMelFeatures(OmegaConf.to_object(cfg.preprocessor), cfg.sample_rate)
+        self.subsample = torch.nn.Conv1d(
+            cfg.preprocessor.n_mels, enc.d_model, kernel_size=2 * enc.subsampling + 1, stride=enc.subsampling
+        )
+        self.blocks = torch.nn.ModuleList(
+            ConvBlock(enc.d_model, enc.kernel_size, enc.dropout) for _ in range(enc.num_layers)
+        )
+        self.final_norm = torch.nn.LayerNorm(enc.d_model)
+        self.decoder = torch.nn.Linear(enc.d_model, self.tokenizer.vocab_size + 1)
+        self.blank = self.tokenizer.vocab_size
+        self._val_sums = torch.zeros(4, dtype=torch.float64)  # loss * tokens, tokens, word errors, words
+
+    def forward(self, audio: torch.Tensor, audio_lens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-frame log-probabilities.
+
+        Args:
+            audio: (B, T) waveforms.
+            audio_lens: (B,) valid samples.
+
+        Returns:
+            log_probs (B, F', V+1) in fp32, blank last; lengths (B,) of valid output frames.
+        """
+        feats, lengths = self.preprocessor(audio, audio_lens)  # (B, n_mels, F)
+        stride, kernel = self.subsample.stride[0], self.subsample.kernel_size[0]
+        x = self.subsample(F.pad(feats, (kernel // 2, kernel // 2))).transpose(1, 2)  # (B, D, F') -> (B, F', D)
+        lengths = torch.div(lengths - 1, stride, rounding_mode="floor") + 1
+        mask = (torch.arange(x.shape[1], device=x.device)[None, :] < lengths[:, None]).unsqueeze(-1)  # (B, F', 1)
+        x = x * mask
+        for block in self.blocks:
+            x = block(x, mask)
+        logits = self.decoder(self.final_norm(x))
+        return F.log_softmax(logits.float(), dim=-1), lengths
+
+    def ctc_loss(self, log_probs: torch.Tensor, lengths: torch.Tensor, batch: dict[str, Any]) -> torch.Tensor:
+        """Summed CTC loss over the batch (divide by the token count for NeMo's ``mean_volume``)."""
+        return F.ctc_loss(
+            log_probs.transpose(0, 1),  # (B, F', V+1) -> (F', B, V+1)
+            batch["tokens"],
+            lengths,
+            batch["token_lens"],
+            blank=self.blank,
+            reduction="sum",
+            zero_infinity=True,
+        )
+
+    def greedy_decode(self, log_probs: torch.Tensor, lengths: torch.Tensor) -> list[str]:
+        """Best path: argmax per frame, merge repeats, drop blanks."""
+        best = log_probs.argmax(-1).cpu()  # (B, F')
+        texts = []
+        for row, length in zip(best, lengths.cpu()):
+            ids = torch.unique_consecutive(row[:length]).tolist()
+            texts.append(self.tokenizer.decode([i for i in ids if i != self.blank]))
+        return texts
+
+    def training_step(self, batch: dict[str, Any] | None, batch_idx: int) -> torch.Tensor | None:
+        if batch is None:
+            return None
+        log_probs, lengths = self(batch["audio"], batch["audio_lens"])
+        tokens = batch["token_lens"].sum()
+        loss = self.ctc_loss(log_probs, lengths, batch) / tokens.clamp(min=1)
+        self.log("train_loss", loss, prog_bar=True, batch_size=len(batch["ids"]))
+        self.log("audio_seconds", batch["audio_lens"].sum() / self.cfg.sample_rate, reduce_fx="sum", batch_size=1)
+        return loss
+
+    def on_validation_epoch_start(self) -> None:
+        self._val_sums.zero_()
+
+    def validation_step(self, batch: dict[str, Any] | None, batch_idx: int) -> None:
+        if batch is None:
+            return
+        log_probs, lengths = self(batch["audio"], batch["audio_lens"])
+        hyps = self.greedy_decode(log_probs, lengths)
+        refs = [self.tokenizer.decode(t[:n].tolist()) for t, n in zip(batch["tokens"], batch["token_lens"])]
+        errors, words = word_errors(hyps, refs)
+        loss = self.ctc_loss(log_probs, lengths, batch)
+        self._val_sums += torch.tensor(
+            [loss.item(), batch["token_lens"].sum().item(), errors, words], dtype=torch.float64
+        )
+
+    def on_validation_epoch_end(self) -> None:
+        sums = self._val_sums.clone()
+        if self.trainer.world_size > 1:
+            sums = self.trainer.strategy.reduce(sums.to(self.device), reduce_op="sum").cpu()
+        loss_sum, tokens, errors, words = sums.tolist()
+        self.log("val_loss", loss_sum / max(tokens, 1.0), prog_bar=True, sync_dist=False)
+        self.log("val_wer", errors / max(words, 1.0), prog_bar=True, sync_dist=False)
+
+    # ------------------------------------------------------------------------------------------------ data
+    def setup_data(self, stage: str) -> None:
+        if stage == "fit":
+            self._train_loader = self._build_loader(self.cfg.train_ds)
+        if stage in ("fit", "validate"):
+            self._val_loader = self._build_loader(self.cfg.validation_ds)
+
+    def _build_loader(self, ds_cfg: Any) -> DataLoader | None:
+        if not ds_cfg.manifest_filepath:
+            return None
+        dataset = AudioTextDataset(
+            resolve_manifest(ds_cfg.manifest_filepath),
+            self.tokenizer,
+            sample_rate=self.cfg.sample_rate,
+            min_duration=ds_cfg.min_duration,
+            max_duration=ds_cfg.max_duration,
+        )
+        return DataLoader(
+            dataset,
+            batch_size=ds_cfg.batch_size,
+            shuffle=ds_cfg.shuffle,
+            num_workers=ds_cfg.num_workers,
+            collate_fn=collate_audio_text,
+            persistent_workers=ds_cfg.num_workers > 0,
+        )
+
+    def train_dataloader(self) -> DataLoader:
+        if self._train_loader is None:
+            raise ValueError("model.train_ds.manifest_filepath is not set: there is nothing to train on.")
+        return self._train_loader
+
+    def val_dataloader(self) -> DataLoader | list:
+        return self._val_loader if self._val_loader is not None else []
+
+    _train_loader: DataLoader | None = None
+    _val_loader: DataLoader | None = None
+
+    # ------------------------------------------------------------------------------------------- inference
+    @torch.inference_mode()
+    def transcribe(self, audio: list[str | Path | np.ndarray], batch_size: int = 16) -> list[str]:
+        """Transcribe audio files (read with soundfile, at the model's sample rate) or 1-D float arrays."""
+        was_training = self.training
+        self.eval()
+        texts: list[str] = []
+        try:
+            for start in range(0, len(audio), batch_size):
+                waves = [self._load_audio(a) for a in audio[start : start + batch_size]]
+                lens = torch.tensor([len(w) for w in waves])
+                padded = torch.zeros(len(waves), int(lens.max()))
+                for i, w in enumerate(waves):
+                    padded[i, : len(w)] = w
+                log_probs, lengths = self(padded.to(self.device), lens.to(self.device))
+                texts += self.greedy_decode(log_probs, lengths)
+        finally:
+            self.train(was_training)
+        return texts
+
+    def _load_audio(self, item: str | Path | np.ndarray) -> torch.Tensor:
+        if isinstance(item, np.ndarray):
+            return torch.from_numpy(item.astype(np.float32))
+        data, rate = sf.read(str(item), dtype="float32", always_2d=True)
+        if rate != self.cfg.sample_rate:
+            raise ValueError(f"{item}: sample rate {rate} Hz, but the model expects {self.cfg.sample_rate} Hz.")
+        return torch.from_numpy(data.mean(axis=1))

@@ -1,0 +1,1 @@
+"""Model base class and archive, typed configs, the Hydra entry point and the run manager."""

@@ -1,0 +1,224 @@
+"""The ``.stm`` model archive: one portable file with a model's config, weights and artifacts.
+
+Layout (an uncompressed tar, readable with ``tar -tf``)::
+
+    manifest.json             format version, artifacts by config key, size and sha256 of every other member
+    model_config.yaml         the model config; artifact paths replaced by ``stm:<file name>``
+    model_weights.safetensors the state dict (safetensors: loading never unpickles code)
+    trainer_config.yaml       optional: the arguments of the trainer that trained the model
+    artifacts/<file name>     tokenizer files and the like
+
+Archives are written to a temporary name next to the target and renamed, so a crash never leaves a half-written
+file under the final name. Reading verifies every member's size and checksum, refuses links, absolute paths and
+``..`` components, and names the archive and the problem when anything is off.
+"""
+
+import hashlib
+import io
+import json
+import os
+import tarfile
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+import torch
+import yaml
+from safetensors.torch import load as load_safetensors
+from safetensors.torch import save as save_safetensors
+
+FORMAT = "speechtrain-archive"
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+CONFIG = "model_config.yaml"
+WEIGHTS = "model_weights.safetensors"
+TRAINER_CONFIG = "trainer_config.yaml"
+ARTIFACT_DIR = "artifacts"
+ARTIFACT_PREFIX = "stm:"
+MAX_MEMBER_BYTES = 64 * 2**30
+
+
+class ArchiveError(ValueError):
+    """The file is not a valid speechtrain archive (corrupt, truncated, hostile or of another format)."""
+
+
+@dataclass
+class Archive:
+    """The contents of an archive, as read by :func:`read_archive`.
+
+    Attributes:
+        config: the model config, with artifact references resolved to files in ``artifact_dir``.
+        state_dict: the weights, on the CPU.
+        artifacts: config key -> extracted file path.
+        trainer_config: the trainer's arguments, when the archive holds them.
+        artifact_dir: a temporary folder that holds the extracted artifacts for as long as this object lives.
+    """
+
+    config: dict[str, Any]
+    state_dict: dict[str, torch.Tensor]
+    artifacts: dict[str, Path] = field(default_factory=dict)
+    trainer_config: dict[str, Any] | None = None
+    artifact_dir: tempfile.TemporaryDirectory | None = None
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _set_key(config: dict[str, Any], dotted_key: str, value: Any) -> None:
+    node = config
+    *parents, last = dotted_key.split(".")
+    for part in parents:
+        node = node[part]
+    node[last] = value
+
+
+def _portable_state_dict(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """CPU, contiguous tensors that share no storage (safetensors refuses shared storage)."""
+    result, seen = {}, set()
+    for name, tensor in state_dict.items():
+        tensor = tensor.detach().cpu()
+        pointer = (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape))
+        if pointer in seen or not tensor.is_contiguous():
+            tensor = tensor.clone(memory_format=torch.contiguous_format)
+        seen.add(pointer)
+        result[name] = tensor
+    return result
+
+
+def write_archive(
+    path: str | Path,
+    config: dict[str, Any],
+    state_dict: dict[str, torch.Tensor],
+    artifacts: dict[str, str | Path] | None = None,
+    trainer_config: dict[str, Any] | None = None,
+) -> Path:
+    """Write an archive atomically.
+
+    Args:
+        path: target file (``.stm`` by convention); its folder is created.
+        config: plain-data model config. For every ``artifacts`` key (a dotted config key) the value stored in
+            the archive's config becomes ``stm:<file name>``.
+        state_dict: the model weights.
+        artifacts: dotted config key -> local file to pack.
+        trainer_config: optional plain-data trainer arguments.
+
+    Returns:
+        The path written.
+    """
+    path = Path(path)
+    config = json.loads(json.dumps(config))
+    members: dict[str, bytes] = {}
+    artifact_names: dict[str, str] = {}
+    for key, source in (artifacts or {}).items():
+        source = Path(source)
+        if not source.is_file():
+            raise FileNotFoundError(f"Artifact {key!r} points to {source}, which is not a file.")
+        name = source.name
+        while f"{ARTIFACT_DIR}/{name}" in members:
+            name = f"_{name}"
+        members[f"{ARTIFACT_DIR}/{name}"] = source.read_bytes()
+        artifact_names[key] = name
+        _set_key(config, key, f"{ARTIFACT_PREFIX}{name}")
+    members[CONFIG] = yaml.safe_dump(config, sort_keys=False).encode()
+    members[WEIGHTS] = save_safetensors(_portable_state_dict(state_dict))
+    if trainer_config is not None:
+        members[TRAINER_CONFIG] = yaml.safe_dump(trainer_config, sort_keys=False).encode()
+    manifest = {
+        "format": FORMAT,
+        "version": FORMAT_VERSION,
+        "artifacts": artifact_names,
+        "members": {name: {"size": len(data), "sha256": _sha256(data)} for name, data in members.items()},
+    }
+    members = {MANIFEST: json.dumps(manifest, indent=1).encode(), **members}
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as handle, tarfile.open(fileobj=handle, mode="w") as tar:
+            for name, data in members.items():
+                info = tarfile.TarInfo(name)
+                info.size = len(data)
+                info.mode = 0o644
+                tar.addfile(info, io.BytesIO(data))
+        with open(tmp_name, "rb") as handle:
+            os.fsync(handle.fileno())
+        os.replace(tmp_name, path)
+    except BaseException:
+        Path(tmp_name).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def _safe_member_name(archive: Path, name: str) -> str:
+    pure = PurePosixPath(name)
+    if pure.is_absolute() or ".." in pure.parts or name.startswith("/") or "\\" in name:
+        raise ArchiveError(f"{archive}: refusing member with unsafe path {name!r}.")
+    return str(pure)
+
+
+def _read_members(path: Path) -> dict[str, bytes]:
+    members: dict[str, bytes] = {}
+    try:
+        with tarfile.open(path, mode="r:") as tar:
+            for info in tar:
+                name = _safe_member_name(path, info.name)
+                if not info.isfile():
+                    raise ArchiveError(f"{path}: refusing member {name!r}: only regular files are allowed.")
+                if info.size > MAX_MEMBER_BYTES:
+                    raise ArchiveError(f"{path}: member {name!r} is implausibly large ({info.size} bytes).")
+                handle = tar.extractfile(info)
+                members[name] = handle.read() if handle is not None else b""
+    except (tarfile.TarError, EOFError) as error:
+        raise ArchiveError(f"{path} is not a readable speechtrain archive (corrupt or truncated?): {error}") from error
+    return members
+
+
+def read_archive(path: str | Path) -> Archive:
+    """Read and verify an archive written by :func:`write_archive`.
+
+    Raises:
+        FileNotFoundError: when ``path`` does not exist.
+        ArchiveError: when the file is corrupt, truncated, of another format or contains unsafe members.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"No model archive at {path}.")
+    members = _read_members(path)
+    if MANIFEST not in members:
+        raise ArchiveError(f"{path} is not a speechtrain archive: it has no {MANIFEST}.")
+    try:
+        manifest = json.loads(members[MANIFEST])
+    except json.JSONDecodeError as error:
+        raise ArchiveError(f"{path}: {MANIFEST} is not valid JSON: {error}") from error
+    if manifest.get("format") != FORMAT:
+        raise ArchiveError(f"{path} is not a speechtrain archive (format {manifest.get('format')!r}).")
+    if manifest.get("version", 0) > FORMAT_VERSION:
+        raise ArchiveError(
+            f"{path} uses archive format version {manifest['version']}; this speechtrain reads up to "
+            f"{FORMAT_VERSION}. Upgrade speechtrain."
+        )
+    for name, expected in manifest["members"].items():
+        data = members.get(name)
+        if data is None:
+            raise ArchiveError(f"{path} is truncated or incomplete: member {name!r} is missing.")
+        if len(data) != expected["size"] or _sha256(data) != expected["sha256"]:
+            raise ArchiveError(f"{path} is corrupt: member {name!r} does not match its recorded checksum.")
+
+    config = yaml.safe_load(members[CONFIG])
+    state_dict = load_safetensors(members[WEIGHTS])
+    trainer_config = yaml.safe_load(members[TRAINER_CONFIG]) if TRAINER_CONFIG in members else None
+    artifact_dir = None
+    artifacts: dict[str, Path] = {}
+    if manifest["artifacts"]:
+        artifact_dir = tempfile.TemporaryDirectory(prefix="speechtrain-artifacts-")
+        for key, name in manifest["artifacts"].items():
+            member = f"{ARTIFACT_DIR}/{_safe_member_name(path, name)}"
+            if member not in members or "/" in name:
+                raise ArchiveError(f"{path}: artifact {key!r} refers to a missing or unsafe member {name!r}.")
+            target = Path(artifact_dir.name) / name
+            target.write_bytes(members[member])
+            artifacts[key] = target
+            _set_key(config, key, str(target))
+    return Archive(config, state_dict, artifacts, trainer_config, artifact_dir)

@@ -1,0 +1,98 @@
+"""Typed configs: every YAML node maps to a dataclass, and a misspelt key fails at start with a suggestion.
+
+A schema is a dataclass. A field whose type is another dataclass is checked recursively; a free-form field (a
+``dict``) can still be checked against a callable's keyword arguments with ``field(metadata={"keys_from": fn})``
+(how the ``trainer`` node is checked against ``lightning.Trainer``).
+"""
+
+import dataclasses
+import difflib
+import inspect
+import types
+import typing
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+
+class ConfigError(ValueError):
+    """A config does not fit its schema: unknown key, wrong type or missing value."""
+
+
+def _dataclass_of(annotation: Any) -> type | None:
+    """The dataclass inside ``annotation`` (``X``, ``X | None``, ``Optional[X]``), if any."""
+    if dataclasses.is_dataclass(annotation):
+        return annotation
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        for arg in typing.get_args(annotation):
+            if dataclasses.is_dataclass(arg):
+                return arg
+    return None
+
+
+def _accepted_keywords(fn: Callable) -> set[str] | None:
+    """Keyword names ``fn`` accepts, or None when it takes ``**kwargs``."""
+    parameters = inspect.signature(fn).parameters.values()
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
+        return None
+    return {p.name for p in parameters if p.name != "self" and p.kind is not inspect.Parameter.VAR_POSITIONAL}
+
+
+def _unknown_key_message(path: str, key: str, allowed: set[str]) -> str:
+    guess = difflib.get_close_matches(key, sorted(allowed), n=1, cutoff=0.6)
+    where = f"{path}.{key}" if path else key
+    hint = f" Did you mean '{guess[0]}'?" if guess else f" Known keys here: {', '.join(sorted(allowed))}."
+    return f"Unknown config key '{where}'.{hint}"
+
+
+def find_unknown_keys(config: Mapping[str, Any], schema: type, path: str = "") -> list[str]:
+    """Messages for every key of ``config`` that ``schema`` (a dataclass) does not define, recursively."""
+    fields = {f.name: f for f in dataclasses.fields(schema)}
+    problems = []
+    for key, value in config.items():
+        if key not in fields:
+            problems.append(_unknown_key_message(path, str(key), set(fields)))
+            continue
+        child_path = f"{path}.{key}" if path else str(key)
+        nested = _dataclass_of(fields[key].type)
+        keys_from = fields[key].metadata.get("keys_from")
+        if nested is not None and isinstance(value, Mapping):
+            problems += find_unknown_keys(value, nested, child_path)
+        elif keys_from is not None and isinstance(value, Mapping):
+            allowed = _accepted_keywords(keys_from)
+            if allowed is not None:
+                problems += [_unknown_key_message(child_path, str(k), allowed) for k in value if k not in allowed]
+    return problems
+
+
+def validate_config(config: Mapping[str, Any] | DictConfig, schema: type) -> DictConfig:
+    """Check ``config`` against ``schema`` and return it merged onto the schema's defaults.
+
+    Raises:
+        ConfigError: naming every unknown key (with the closest known key), or the key with a wrong type.
+    """
+    if not dataclasses.is_dataclass(schema):
+        raise TypeError(f"schema must be a dataclass, got {schema!r}")
+    if isinstance(config, DictConfig):
+        plain = OmegaConf.to_container(config, resolve=False)
+    else:
+        plain = dict(config)
+    problems = find_unknown_keys(plain, schema)
+    if problems:
+        raise ConfigError("\n".join(problems))
+    try:
+        merged = OmegaConf.merge(OmegaConf.structured(schema), plain)
+    except OmegaConfBaseException as error:
+        key = getattr(error, "full_key", None) or ""
+        reason = getattr(error, "msg", None) or str(error)
+        raise ConfigError(f"Invalid value for config key '{key}': {reason}") from error
+    return merged
+
+
+def to_plain(config: DictConfig | Mapping[str, Any]) -> dict[str, Any]:
+    """A resolved, plain ``dict`` copy of ``config``."""
+    if isinstance(config, DictConfig):
+        return OmegaConf.to_container(config, resolve=True)
+    return OmegaConf.to_container(OmegaConf.create(dict(config)), resolve=True)

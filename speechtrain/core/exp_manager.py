@@ -1,0 +1,225 @@
+"""The run manager: one folder per run, loggers, checkpoints, resume and the final archive.
+
+``exp_manager(trainer, cfg)`` lays out::
+
+    <exp_dir>/<name>/<version>/
+        events.out.tfevents.*   TensorBoard
+        metrics.csv             CSV log
+        config.yaml             the full job config (when given)
+        train.log               everything speechtrain and Lightning logged
+        checkpoints/<name>--<monitor>=<value>-epoch=<n>.ckpt   top-k on the monitored metric
+        checkpoints/<name>--last.ckpt                            the latest state, for resume
+        <name>.stm              the final model archive, written when training ends
+"""
+
+import datetime
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
+from omegaconf import DictConfig, OmegaConf
+
+from speechtrain.core.config import validate_config
+from speechtrain.lightning import CallbackGroup
+
+logger = logging.getLogger(__name__)
+
+VERSION_ENV = "SPEECHTRAIN_EXP_VERSION"
+DEFAULT_EXP_DIR = "speechtrain_experiments"
+
+
+@dataclass
+class CheckpointConfig:
+    """Checkpoint callback settings (``exp_manager.checkpoint_callback_params``).
+
+    Attributes:
+        monitor: metric that ranks checkpoints.
+        mode: ``min`` or ``max`` of ``monitor``.
+        save_top_k: how many best checkpoints to keep (``-1``: all).
+        save_last: also keep ``<name>--last.ckpt``, the resume point.
+        every_n_train_steps: save every N optimizer steps (default: after each validation).
+        every_n_epochs: save every N epochs.
+        filename: file name pattern; ``None`` gives ``<name>--{<monitor>:.4f}-{epoch}``.
+    """
+
+    monitor: str = "val_loss"
+    mode: str = "min"
+    save_top_k: int = 3
+    save_last: bool = True
+    every_n_train_steps: int | None = None
+    every_n_epochs: int | None = None
+    filename: str | None = None
+
+
+@dataclass
+class ExpManagerConfig:
+    """Run manager settings (the ``exp_manager`` config node).
+
+    Attributes:
+        exp_dir: root of all runs (default ``./speechtrain_experiments``).
+        name: run name (default: the job config's ``name``).
+        version: run version folder (default: a timestamp; reused on resume).
+        resume_if_exists: continue the latest run of this name from its last checkpoint.
+        resume_ignore_no_checkpoint: with ``resume_if_exists``, start fresh when there is nothing to resume.
+        resume_from_checkpoint: resume from this exact checkpoint file.
+        create_tensorboard_logger: log to TensorBoard.
+        create_csv_logger: log to ``metrics.csv``.
+        create_checkpoint_callback: save checkpoints (replaces Lightning's default checkpointing).
+        checkpoint_callback_params: see :class:`CheckpointConfig`.
+        save_archive_on_train_end: write ``<name>.stm`` when training ends.
+    """
+
+    exp_dir: str | None = None
+    name: str | None = None
+    version: str | None = None
+    resume_if_exists: bool = False
+    resume_ignore_no_checkpoint: bool = False
+    resume_from_checkpoint: str | None = None
+    create_tensorboard_logger: bool = True
+    create_csv_logger: bool = True
+    create_checkpoint_callback: bool = True
+    checkpoint_callback_params: CheckpointConfig = field(default_factory=CheckpointConfig)
+    save_archive_on_train_end: bool = True
+
+
+class SpeechCheckpoint(ModelCheckpoint):
+    """Lightning's ``ModelCheckpoint`` that announces saves on the lifecycle bus and writes the final archive.
+
+    Args:
+        archive_path: where to write the model archive when training ends (models with ``save_to``), or None.
+        **kwargs: ``ModelCheckpoint`` arguments.
+    """
+
+    def __init__(self, archive_path: str | Path | None = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.archive_path = Path(archive_path) if archive_path else None
+
+    def _save_checkpoint(self, trainer: pl.Trainer, filepath: str) -> None:
+        group = CallbackGroup.get_instance()
+        step = trainer.global_step
+        group.on_save_checkpoint_start(global_step=step)
+        try:
+            super()._save_checkpoint(trainer, filepath)
+            group.on_save_checkpoint_success(global_step=step)
+        finally:
+            group.on_save_checkpoint_end(global_step=step)
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        super().on_train_end(trainer, pl_module)
+        if self.archive_path is not None and hasattr(pl_module, "save_to"):
+            pl_module.save_to(self.archive_path)
+            if trainer.is_global_zero:
+                logger.info("Saved the final model archive to %s", self.archive_path)
+
+
+def _is_launcher_rank() -> bool:
+    return os.environ.get("LOCAL_RANK", "0") == "0" and os.environ.get("NODE_RANK", "0") == "0"
+
+
+def find_last_checkpoint(run_root: Path) -> Path | None:
+    """The newest ``*last.ckpt`` under ``run_root/<version>/checkpoints``."""
+    candidates = list(run_root.glob("*/checkpoints/*last.ckpt")) if run_root.is_dir() else []
+    return max(candidates, key=lambda p: p.stat().st_mtime) if candidates else None
+
+
+def exp_manager(
+    trainer: pl.Trainer,
+    cfg: ExpManagerConfig | DictConfig | dict | None = None,
+    name: str = "default",
+    job_config: DictConfig | dict | None = None,
+) -> Path:
+    """Set up the run folder, loggers, checkpointing and resume for ``trainer``; return the run folder.
+
+    Args:
+        trainer: the trainer, before ``fit``.
+        cfg: an ``exp_manager`` config node (see :class:`ExpManagerConfig`).
+        name: run name when ``cfg.name`` is unset.
+        job_config: the whole job config, saved as ``config.yaml`` in the run folder.
+
+    Raises:
+        FileNotFoundError: ``resume_if_exists`` found no checkpoint and ``resume_ignore_no_checkpoint`` is off,
+            or ``resume_from_checkpoint`` does not exist.
+    """
+    if not isinstance(cfg, ExpManagerConfig):
+        cfg = OmegaConf.to_object(validate_config(cfg or {}, ExpManagerConfig))
+    name = cfg.name or name
+    run_root = Path(cfg.exp_dir or DEFAULT_EXP_DIR).expanduser().resolve() / name
+
+    resume_path = None
+    version = cfg.version
+    if cfg.resume_from_checkpoint:
+        resume_path = Path(cfg.resume_from_checkpoint)
+        if not resume_path.is_file():
+            raise FileNotFoundError(f"exp_manager.resume_from_checkpoint: no checkpoint at {resume_path}.")
+    elif cfg.resume_if_exists:
+        resume_path = find_last_checkpoint(run_root)
+        if resume_path is None and not cfg.resume_ignore_no_checkpoint:
+            raise FileNotFoundError(
+                f"exp_manager.resume_if_exists=true, but there is no *last.ckpt under {run_root}/*/checkpoints. "
+                "Set exp_manager.resume_ignore_no_checkpoint=true to start a new run in that case."
+            )
+        if resume_path is not None:
+            version = resume_path.parent.parent.name
+    if version is None:
+        version = os.environ.get(VERSION_ENV)
+        if version is None:
+            version = datetime.datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
+            if _is_launcher_rank():
+                # Ranks that Lightning launches later re-run the script; they must land in the same folder.
+                os.environ[VERSION_ENV] = version
+    log_dir = run_root / version
+    log_dir.mkdir(parents=True, exist_ok=True)
+    _attach_file_log(log_dir / "train.log")
+
+    loggers: list = []
+    if cfg.create_tensorboard_logger:
+        loggers.append(TensorBoardLogger(save_dir=run_root.parent, name=name, version=version))
+    if cfg.create_csv_logger:
+        loggers.append(CSVLogger(save_dir=run_root.parent, name=name, version=version))
+    trainer.loggers = loggers
+    trainer._default_root_dir = str(log_dir)
+
+    if cfg.create_checkpoint_callback:
+        params = cfg.checkpoint_callback_params
+        callback = SpeechCheckpoint(
+            archive_path=log_dir / f"{name}.stm" if cfg.save_archive_on_train_end else None,
+            dirpath=log_dir / "checkpoints",
+            filename=params.filename or f"{name}--{{{params.monitor}:.4f}}-{{epoch}}",
+            monitor=params.monitor,
+            mode=params.mode,
+            save_top_k=params.save_top_k,
+            save_last=params.save_last,
+            every_n_train_steps=params.every_n_train_steps,
+            every_n_epochs=params.every_n_epochs,
+        )
+        callback.CHECKPOINT_NAME_LAST = f"{name}--last"
+        trainer.callbacks[:] = [cb for cb in trainer.callbacks if not isinstance(cb, ModelCheckpoint)] + [callback]
+
+    if resume_path is not None:
+        trainer.ckpt_path = str(resume_path)
+        logger.info("Resuming from %s", resume_path)
+    if job_config is not None and trainer.is_global_zero:
+        config = job_config if isinstance(job_config, DictConfig) else OmegaConf.create(job_config)
+        (log_dir / "config.yaml").write_text(OmegaConf.to_yaml(config))
+    logger.info("Run folder: %s", log_dir)
+    return log_dir
+
+
+def _attach_file_log(path: Path) -> None:
+    """Send speechtrain's and Lightning's log records to ``path`` too (replacing an earlier run's file)."""
+    for name in ("speechtrain", "lightning.pytorch"):
+        target = logging.getLogger(name)
+        for old in [h for h in target.handlers if getattr(h, "speechtrain_run_log", False)]:
+            target.removeHandler(old)
+            old.close()
+        handler = logging.FileHandler(path)
+        handler.speechtrain_run_log = True
+        handler.setFormatter(logging.Formatter("[%(asctime)s %(levelname)s %(name)s] %(message)s"))
+        target.addHandler(handler)
+        if target.level == logging.NOTSET or target.level > logging.INFO:
+            target.setLevel(logging.INFO)

@@ -1,0 +1,174 @@
+"""``@hydra_runner``: the entry point of every ``examples/`` script.
+
+Hydra composes the YAML config and the command-line overrides (``a.b=v``, ``+new=v``, ``++upsert=v``, ``~del``,
+``--config-path``, ``--config-name``); the result is checked against the script's typed schema, so a misspelt key
+stops the job at once with a message that names it and suggests the right one. Hydra's own run folders, logging
+takeover and working-directory change are not used: the run manager owns the run folder.
+
+Extra flags: ``--cfg`` prints the composed, validated config and exits; ``-h``/``--help`` prints usage.
+"""
+
+import functools
+import inspect
+import logging
+import re
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from hydra import compose, initialize_config_dir
+from hydra.errors import HydraException
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from speechtrain.core.config import ConfigError, find_unknown_keys, validate_config
+from speechtrain.lightning import CallbackGroup
+
+logger = logging.getLogger(__name__)
+
+_OVERRIDE_KEY = re.compile(r"^(?P<prefix>~|\+\+|\+)?(?P<key>[\w.\-/@]+)")
+USAGE = """usage: {prog} [--config-path DIR] [--config-name NAME] [--cfg] [key=value | +key=value | ~key ...]
+
+Overrides use Hydra's grammar: model.optim.lr=1e-4 sets a key, +key=v adds a new one, ++key=v sets or adds,
+~key deletes. --cfg prints the composed config and exits."""
+
+
+def _parse_argv(argv: list[str]) -> tuple[dict[str, Any], list[str]]:
+    options: dict[str, Any] = {"print_cfg": False, "help": False}
+    overrides: list[str] = []
+    items = iter(argv)
+    for item in items:
+        if item in ("-h", "--help"):
+            options["help"] = True
+        elif item in ("--cfg", "-c"):
+            options["print_cfg"] = True
+            if argv and argv[-1] in ("job", "all") and item != argv[-1]:
+                continue
+        elif item in ("job", "all") and options["print_cfg"]:
+            continue
+        elif item.startswith(("--config-path", "--config-name", "-cp", "-cn")):
+            flag, _, value = item.partition("=")
+            if not value:
+                value = next(items, None)
+                if value is None:
+                    raise ConfigError(f"{flag} needs a value.")
+            key = "config_path" if flag in ("--config-path", "-cp") else "config_name"
+            options[key] = value
+        else:
+            overrides.append(item)
+    return options, overrides
+
+
+def _explain_override_failure(config_dir: str, config_name: str, overrides: list[str], error: Exception) -> str:
+    """Hydra's message, plus a suggestion for each override that names a key the config does not have."""
+    try:
+        base = compose(config_name=config_name, overrides=[])
+    except (HydraException, OmegaConfBaseException):
+        return str(error)
+    hints = []
+    for override in overrides:
+        match = _OVERRIDE_KEY.match(override)
+        if match is None or match.group("prefix") in ("+", "++"):
+            continue
+        parent, _, leaf = match.group("key").rpartition(".")
+        node = OmegaConf.select(base, parent) if parent else base
+        if isinstance(node, DictConfig) and leaf not in node:
+            import difflib
+
+            guess = difflib.get_close_matches(leaf, [str(k) for k in node.keys()], n=1, cutoff=0.6)
+            full = match.group("key")
+            if guess:
+                hints.append(
+                    f"Unknown config key '{full}'. Did you mean '{parent + '.' if parent else ''}{guess[0]}'?"
+                )
+            else:
+                hints.append(f"Unknown config key '{full}'. To add a new key use +{full}=...")
+    return "\n".join(hints) if hints else str(error)
+
+
+def compose_config(
+    config_dir: str | Path, config_name: str, overrides: list[str], schema: type | None = None
+) -> DictConfig:
+    """Compose ``config_name`` from ``config_dir`` with ``overrides`` and validate it against ``schema``.
+
+    Raises:
+        ConfigError: a bad override, an unknown key (with a suggestion) or a wrong type.
+    """
+    config_dir = str(Path(config_dir).resolve())
+    with initialize_config_dir(config_dir=config_dir, version_base=None):
+        try:
+            cfg = compose(config_name=config_name, overrides=overrides)
+        except (HydraException, OmegaConfBaseException) as error:
+            raise ConfigError(_explain_override_failure(config_dir, config_name, overrides, error)) from error
+    if schema is not None:
+        cfg = validate_config(cfg, schema)
+    return cfg
+
+
+def hydra_runner(
+    config_path: str | None = "conf", config_name: str | None = None, schema: type | None = None
+) -> Callable[[Callable[[DictConfig], Any]], Callable[..., Any]]:
+    """Decorate ``main(cfg)`` of an entry script.
+
+    Args:
+        config_path: config folder, relative to the decorated script's file (like Hydra).
+        config_name: YAML file name without extension.
+        schema: dataclass the composed config must fit (see :mod:`speechtrain.core.config`).
+
+    The decorated function, called without arguments, reads ``sys.argv``; called with a config, it runs on that.
+    Lifecycle events ``on_app_start`` / ``on_app_end`` bracket the job.
+    """
+
+    def decorator(task: Callable[[DictConfig], Any]) -> Callable[..., Any]:
+        script_dir = Path(inspect.getfile(task)).resolve().parent
+
+        @functools.wraps(task)
+        def wrapper(cfg: DictConfig | None = None) -> Any:
+            if cfg is None:
+                cfg = _config_from_argv(sys.argv[1:], script_dir, config_path, config_name, schema)
+                if cfg is None:
+                    return None
+            if not logging.getLogger().handlers:
+                logging.basicConfig(level=logging.INFO, format="[%(asctime)s %(levelname)s %(name)s] %(message)s")
+            group = CallbackGroup.get_instance()
+            group.on_app_start()
+            try:
+                return task(cfg)
+            finally:
+                group.on_app_end()
+
+        return wrapper
+
+    return decorator
+
+
+def _config_from_argv(
+    argv: list[str], script_dir: Path, config_path: str | None, config_name: str | None, schema: type | None
+) -> DictConfig | None:
+    prog = Path(sys.argv[0]).name
+    try:
+        options, overrides = _parse_argv(argv)
+        if options["help"]:
+            print(USAGE.format(prog=prog))
+            return None
+        config_dir = Path(options.get("config_path") or config_path or ".")
+        if not config_dir.is_absolute():
+            # --config-path is relative to the working directory, the decorator's to the script (Hydra's rule).
+            config_dir = (Path.cwd() if "config_path" in options else script_dir) / config_dir
+        name = options.get("config_name") or config_name
+        if not name:
+            raise ConfigError("No config name: pass --config-name NAME.")
+        if not (config_dir / f"{name}.yaml").is_file():
+            raise ConfigError(f"No config file {config_dir / (name + '.yaml')}.")
+        cfg = compose_config(config_dir, name, overrides, schema)
+    except ConfigError as error:
+        print(f"{prog}: config error:\n{error}", file=sys.stderr)
+        raise SystemExit(2) from None
+    if options["print_cfg"]:
+        print(OmegaConf.to_yaml(cfg))
+        return None
+    return cfg
+
+
+__all__ = ["compose_config", "find_unknown_keys", "hydra_runner"]

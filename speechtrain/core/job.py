@@ -1,0 +1,43 @@
+"""The typed schema of a training job config: ``name``, ``seed``, ``trainer``, ``exp_manager``, ``init_from``,
+``model``."""
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+import lightning.pytorch as pl
+
+from speechtrain.core.exp_manager import ExpManagerConfig
+
+
+@dataclass
+class InitFromConfig:
+    """Fine-tuning start point: weights from an archive (``.stm``) or Lightning checkpoint (``.ckpt``).
+
+    Attributes:
+        path: the source file; None trains from scratch.
+        include: glob patterns or module prefixes of weights to take (default all).
+        exclude: patterns to leave out (e.g. ``decoder`` when the vocabulary changed).
+    """
+
+    path: str | None = None
+    include: list[str] | None = None
+    exclude: list[str] | None = None
+
+
+def train_job_schema(model_config: type, name: str = "default") -> type:
+    """A dataclass for a whole training job whose ``model`` node is ``model_config``.
+
+    The ``trainer`` node is free-form but its keys are checked against ``lightning.Trainer``'s arguments.
+    """
+    return dataclasses.make_dataclass(
+        f"{model_config.__name__}Job",
+        [
+            ("name", str, field(default=name)),
+            ("seed", int, field(default=1234)),
+            ("trainer", dict[str, Any], field(default_factory=dict, metadata={"keys_from": pl.Trainer.__init__})),
+            ("exp_manager", ExpManagerConfig, field(default_factory=ExpManagerConfig)),
+            ("init_from", InitFromConfig, field(default_factory=InitFromConfig)),
+            ("model", model_config, field(default_factory=model_config)),
+        ],
+    )

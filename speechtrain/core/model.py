@@ -1,0 +1,325 @@
+"""The base class of every speechtrain model: typed config, archive save/restore, pretrained initialisation.
+
+A model declares its config as a dataclass in ``Config`` and builds itself from it::
+
+    class MyModel(SpeechModel):
+        Config = MyConfig
+
+        def __init__(self, cfg):
+            super().__init__(cfg)
+            self.encoder = ...  # from self.cfg
+
+Construction, data setup, optimizer setup and weight loading are announced on the lifecycle event bus
+(:class:`speechtrain.lightning.CallbackGroup`).
+"""
+
+import fnmatch
+import logging
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+import lightning.pytorch as pl
+import numpy as np
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from speechtrain.core.archive import read_archive, write_archive
+from speechtrain.core.config import to_plain, validate_config
+from speechtrain.core.optim import OptimConfig, build_optimizer, build_scheduler
+from speechtrain.lightning import CallbackGroup, Trainer, hook_class_init_with_callbacks, settings
+
+logger = logging.getLogger(__name__)
+
+TARGET_KEY = "_target_"
+
+
+@dataclass
+class LoadReport:
+    """What :meth:`SpeechModel.init_from_pretrained` did with each tensor.
+
+    Attributes:
+        loaded: model keys copied from the source.
+        excluded: source keys left out by the include/exclude patterns.
+        mismatched: ``(key, source shape, model shape)`` for tensors whose shapes differ (left as initialised).
+        unexpected: source keys the model does not have.
+        missing: model keys that received nothing (kept their initialisation).
+    """
+
+    loaded: list[str] = field(default_factory=list)
+    excluded: list[str] = field(default_factory=list)
+    mismatched: list[tuple[str, tuple[int, ...], tuple[int, ...]]] = field(default_factory=list)
+    unexpected: list[str] = field(default_factory=list)
+    missing: list[str] = field(default_factory=list)
+
+    def __str__(self) -> str:
+        lines = [
+            f"loaded {len(self.loaded)}, excluded {len(self.excluded)}, shape-mismatched {len(self.mismatched)}, "
+            f"not in model {len(self.unexpected)}, not in source {len(self.missing)}"
+        ]
+        lines += [f"  shape mismatch {k}: source {tuple(s)} vs model {tuple(m)}" for k, s, m in self.mismatched]
+        if self.missing:
+            lines.append(
+                f"  kept initialisation: {', '.join(self.missing[:20])}{' ...' if len(self.missing) > 20 else ''}"
+            )
+        return "\n".join(lines)
+
+
+def _matches(key: str, patterns: list[str]) -> bool:
+    """A glob pattern matches a key; a plain name also matches everything under it (``encoder`` -> ``encoder.*``)."""
+    return any(fnmatch.fnmatchcase(key, p) or key.startswith(p.rstrip(".") + ".") for p in patterns)
+
+
+def _load_source_state_dict(source: "str | Path | SpeechModel | dict[str, torch.Tensor]") -> dict[str, torch.Tensor]:
+    if isinstance(source, SpeechModel):
+        return source.state_dict()
+    if isinstance(source, dict):
+        return source
+    path = Path(source)
+    if path.suffix == ".ckpt":
+        if not path.is_file():
+            raise FileNotFoundError(f"No checkpoint at {path}.")
+        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+        if "state_dict" not in checkpoint:
+            raise ValueError(f"{path} is not a Lightning checkpoint: it has no 'state_dict'.")
+        return checkpoint["state_dict"]
+    return read_archive(path).state_dict
+
+
+def _rng_state() -> dict[str, Any]:
+    numpy_state = np.random.get_state()
+    return {
+        "torch": torch.get_rng_state(),
+        "python": list(random.getstate()[1]),
+        "python_gauss": random.getstate()[2],
+        "numpy": torch.from_numpy(numpy_state[1].astype(np.int64)),
+        "numpy_pos": int(numpy_state[2]),
+        "numpy_gauss": (int(numpy_state[3]), float(numpy_state[4])),
+    }
+
+
+def _set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    random.setstate((3, tuple(state["python"]), state["python_gauss"]))
+    has_gauss, gauss = state["numpy_gauss"]
+    np.random.set_state(("MT19937", state["numpy"].numpy().astype(np.uint32), state["numpy_pos"], has_gauss, gauss))
+
+
+class SpeechModel(pl.LightningModule):
+    """Base of all speechtrain models (see module docstring).
+
+    Args:
+        cfg: the model config (dict, ``DictConfig`` or an instance of ``Config``); unknown keys raise a
+            :class:`~speechtrain.core.config.ConfigError` that names them.
+    """
+
+    Config: ClassVar[type | None] = None
+    registry: ClassVar[dict[str, type["SpeechModel"]]] = {}
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        SpeechModel.registry[f"{cls.__module__}.{cls.__qualname__}"] = cls
+        hook_class_init_with_callbacks(cls, "on_model_init_start", "on_model_init_end")
+
+    def __init__(self, cfg: Any) -> None:
+        super().__init__()
+        if not isinstance(cfg, dict | DictConfig):
+            cfg = OmegaConf.structured(cfg)
+        cfg = {k: v for k, v in to_plain(cfg).items() if k != TARGET_KEY}
+        self.cfg: DictConfig = validate_config(cfg, self.Config) if self.Config is not None else OmegaConf.create(cfg)
+        self._artifacts: dict[str, Path] = {}
+        self._artifact_dir = None
+
+    # ----------------------------------------------------------------------------------------------- artifacts
+    def register_artifact(self, config_key: str, path: str | Path) -> Path:
+        """Pack the file at ``path`` into archives of this model; ``config_key`` is where the config names it."""
+        path = Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"Artifact {config_key!r}: no file at {path}.")
+        self._artifacts[config_key] = path
+        return path
+
+    # -------------------------------------------------------------------------------------------- archives
+    def save_to(self, path: str | Path) -> Path:
+        """Write this model (config, weights, artifacts, trainer config if any) to one archive file.
+
+        In a distributed run only global rank 0 writes.
+        """
+        path = Path(path)
+        trainer = self._trainer
+        if trainer is not None and not trainer.is_global_zero:
+            return path
+        config = {TARGET_KEY: f"{type(self).__module__}.{type(self).__qualname__}", **to_plain(self.cfg)}
+        trainer_config = trainer.to_config() if isinstance(trainer, Trainer) else None
+        return write_archive(path, config, self.state_dict(), self._artifacts, trainer_config)
+
+    @classmethod
+    def restore_from(
+        cls,
+        path: str | Path,
+        map_location: str | torch.device = "cpu",
+        strict: bool = True,
+        override_config: dict[str, Any] | None = None,
+    ) -> "SpeechModel":
+        """Rebuild a model from an archive written by :meth:`save_to`.
+
+        Called on ``SpeechModel`` the archive's recorded class is used; it must be a speechtrain model (or one
+        already imported): an archive cannot make this function import arbitrary code. Called on a subclass,
+        that subclass is used.
+
+        Args:
+            path: the archive.
+            map_location: device for the weights.
+            strict: require the archive's weights to match the model exactly.
+            override_config: values merged over the stored config before the model is built.
+        """
+        group = CallbackGroup.get_instance()
+        group.on_load_checkpoint_start()
+        try:
+            archive = read_archive(path)
+            config = archive.config
+            target = config.pop(TARGET_KEY, None)
+            model_cls = cls if cls is not SpeechModel else cls.resolve_class(target, path)
+            if override_config:
+                config = to_plain(OmegaConf.merge(OmegaConf.create(config), OmegaConf.create(override_config)))
+            model = model_cls(config)
+            model.load_state_dict(archive.state_dict, strict=strict)
+            model.to(map_location)
+            model._artifact_dir = archive.artifact_dir
+            for key, file in archive.artifacts.items():
+                model._artifacts.setdefault(key, file)
+        finally:
+            group.on_load_checkpoint_end()
+        logger.info("Restored %s from %s.", type(model).__name__, path)
+        return model
+
+    @staticmethod
+    def resolve_class(target: str | None, source: str | Path) -> type["SpeechModel"]:
+        """The model class named ``target`` by an archive (imported only from the ``speechtrain`` package)."""
+        if not target:
+            raise ValueError(f"{source} does not name its model class; call restore_from on the class itself.")
+        if target not in SpeechModel.registry and target.startswith("speechtrain."):
+            import importlib
+
+            importlib.import_module(target.rpartition(".")[0])
+        if target not in SpeechModel.registry:
+            raise ValueError(
+                f"{source} holds a {target!r}, which is not an imported speechtrain model. Import its module "
+                "first, or call restore_from on the class itself."
+            )
+        return SpeechModel.registry[target]
+
+    @classmethod
+    def from_pretrained(cls, name_or_path: str | Path, **kwargs: Any) -> "SpeechModel":
+        """Restore a model from a local archive path or by name from ``SPEECHTRAIN_MODELS_CACHE``.
+
+        There is no model hub: a name resolves to ``<cache>/<name>.stm`` or the single ``.stm`` inside
+        ``<cache>/<name>/``.
+        """
+        path = Path(name_or_path).expanduser()
+        if not path.is_file():
+            cache = settings.SPEECHTRAIN_MODELS_CACHE
+            candidates = [cache / f"{name_or_path}.stm", *sorted((cache / str(name_or_path)).glob("*.stm"))]
+            found = [c for c in candidates if c.is_file()]
+            if not found:
+                available = sorted(p.stem for p in cache.glob("*.stm")) if cache.is_dir() else []
+                raise FileNotFoundError(
+                    f"No model archive {name_or_path!r}: not a file, and not in the models cache {cache} "
+                    f"(available: {', '.join(available) or 'none'}). Models are never downloaded; put the .stm "
+                    "file there or pass its path."
+                )
+            path = found[0]
+        return cls.restore_from(path, **kwargs)
+
+    def init_from_pretrained(
+        self,
+        source: "str | Path | SpeechModel | dict[str, torch.Tensor]",
+        include: list[str] | None = None,
+        exclude: list[str] | None = None,
+    ) -> LoadReport:
+        """Copy matching weights from an archive, a Lightning ``.ckpt``, another model or a state dict.
+
+        Tensors whose shapes differ (a new vocabulary, say) are skipped and reported, never a crash.
+
+        Args:
+            source: where the weights come from.
+            include: glob patterns (or plain module prefixes) of keys to take; default all.
+            exclude: patterns of keys to leave out, applied after ``include``.
+
+        Returns:
+            A :class:`LoadReport`; it is also logged.
+        """
+        group = CallbackGroup.get_instance()
+        group.on_load_checkpoint_start()
+        try:
+            source_state = _load_source_state_dict(source)
+            own_state = self.state_dict()
+            report = LoadReport()
+            selected = {}
+            for key, tensor in source_state.items():
+                if (include and not _matches(key, include)) or (exclude and _matches(key, exclude)):
+                    report.excluded.append(key)
+                elif key not in own_state:
+                    report.unexpected.append(key)
+                elif tuple(tensor.shape) != tuple(own_state[key].shape):
+                    report.mismatched.append((key, tuple(tensor.shape), tuple(own_state[key].shape)))
+                else:
+                    selected[key] = tensor
+                    report.loaded.append(key)
+            self.load_state_dict(selected, strict=False)
+            report.missing = [key for key in own_state if key not in selected]
+        finally:
+            group.on_load_checkpoint_end()
+        logger.info(
+            "Initialised %s from %s: %s",
+            type(self).__name__,
+            source if not isinstance(source, dict) else "state dict",
+            report,
+        )
+        return report
+
+    # ------------------------------------------------------------------------------- Lightning integration
+    def setup(self, stage: str) -> None:
+        """Builds the datasets for ``stage`` through :meth:`setup_data`, announced as dataloader init events."""
+        group = CallbackGroup.get_instance()
+        group.on_dataloader_init_start()
+        try:
+            self.setup_data(stage)
+        finally:
+            group.on_dataloader_init_end()
+
+    def setup_data(self, stage: str) -> None:
+        """Build datasets/dataloaders for ``stage`` (``fit``, ``validate``, ``test``, ``predict``). Optional."""
+
+    def configure_optimizers(self) -> Any:
+        """The optimizer and per-step scheduler from ``cfg.optim`` (:class:`OptimConfig`), with init events."""
+        group = CallbackGroup.get_instance()
+        group.on_optimizer_init_start()
+        try:
+            optim_cfg = OmegaConf.to_object(
+                OmegaConf.merge(OmegaConf.structured(OptimConfig), self.cfg.get("optim", {}))
+            )
+            optimizer = build_optimizer([p for p in self.parameters() if p.requires_grad], optim_cfg)
+            max_steps = (
+                self.trainer.max_steps if self.trainer.max_steps > 0 else self.trainer.estimated_stepping_batches
+            )
+            scheduler = build_scheduler(optimizer, optim_cfg, int(max_steps))
+        finally:
+            group.on_optimizer_init_end()
+        if scheduler is None:
+            return optimizer
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """Adds the RNG states, so that a resumed run draws the same random numbers as an uninterrupted one."""
+        checkpoint["speechtrain_rng"] = _rng_state()
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        if "speechtrain_rng" in checkpoint:
+            _set_rng_state(checkpoint["speechtrain_rng"])
+
+    @property
+    def num_parameters(self) -> int:
+        """Number of trainable parameters."""
+        return sum(p.numel() for p in self.parameters() if p.requires_grad)

@@ -1,0 +1,71 @@
+"""Optimizer and learning-rate schedule built from the ``model.optim`` config node (NeMo's vocabulary)."""
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class SchedConfig:
+    """Learning-rate schedule.
+
+    Attributes:
+        name: ``cosine`` (linear warm-up, then cosine decay to ``min_lr`` at ``max_steps``), ``constant``
+            (warm-up, then flat) or ``none``.
+        warmup_steps: linear warm-up length in optimizer steps.
+        min_lr: final learning rate of the cosine decay.
+        max_steps: decay length; ``-1`` takes the trainer's ``max_steps`` (estimated from epochs when unset).
+    """
+
+    name: str = "cosine"
+    warmup_steps: int = 0
+    min_lr: float = 0.0
+    max_steps: int = -1
+
+
+@dataclass
+class OptimConfig:
+    """Optimizer: ``adamw``, ``adam`` or ``sgd``, with its usual hyper-parameters."""
+
+    name: str = "adamw"
+    lr: float = 1e-3
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.98])
+    weight_decay: float = 1e-3
+    momentum: float = 0.9
+    sched: SchedConfig = field(default_factory=SchedConfig)
+
+
+def build_optimizer(params: list[torch.nn.Parameter], cfg: OptimConfig) -> torch.optim.Optimizer:
+    """The optimizer named by ``cfg.name`` over ``params``."""
+    if cfg.name == "adamw":
+        return torch.optim.AdamW(params, lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay)
+    if cfg.name == "adam":
+        return torch.optim.Adam(params, lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay)
+    if cfg.name == "sgd":
+        return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+    raise ValueError(f"Unknown optimizer model.optim.name={cfg.name!r}; choose adamw, adam or sgd.")
+
+
+def lr_factor(step: int, sched: SchedConfig, max_steps: int, base_lr: float) -> float:
+    """Multiplier of the base learning rate at optimizer step ``step``."""
+    if sched.warmup_steps > 0 and step < sched.warmup_steps:
+        return (step + 1) / sched.warmup_steps
+    if sched.name == "constant":
+        return 1.0
+    progress = min(1.0, (step - sched.warmup_steps) / max(1, max_steps - sched.warmup_steps))
+    min_factor = sched.min_lr / base_lr if base_lr > 0 else 0.0
+    return min_factor + (1.0 - min_factor) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def build_scheduler(
+    optimizer: torch.optim.Optimizer, cfg: OptimConfig, max_steps: int
+) -> torch.optim.lr_scheduler.LRScheduler | None:
+    """A per-step ``LambdaLR`` for ``cfg.sched``, or None for ``name: none``."""
+    sched = cfg.sched
+    if sched.name == "none":
+        return None
+    if sched.name not in ("cosine", "constant"):
+        raise ValueError(f"Unknown schedule model.optim.sched.name={sched.name!r}; choose cosine, constant or none.")
+    total = sched.max_steps if sched.max_steps > 0 else max_steps
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, sched, total, cfg.lr))

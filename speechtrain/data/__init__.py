@@ -1,0 +1,1 @@
+"""Speech data: manifests, datasets, collators, samplers and the built-in synthetic corpus."""

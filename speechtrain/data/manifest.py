@@ -1,0 +1,90 @@
+"""NeMo-style JSON-lines manifests: one utterance per line, ``{"audio_filepath", "duration", "text", ...}``."""
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+# A real manifest line is a few hundred bytes; a longer one is a corrupt or hostile file.
+MAX_LINE_BYTES = 1_000_000
+REQUIRED_KEYS = ("audio_filepath", "duration", "text")
+
+
+class ManifestError(ValueError):
+    """A manifest line that cannot be used; the message names the file, the 1-based line and the problem."""
+
+
+def _non_negative_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
+
+
+def _parse_record(line: bytes, where: str, folder: Path) -> dict[str, Any] | None:
+    """Validate one manifest line; None for a blank line."""
+    try:
+        text = line.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ManifestError(f"{where}: not valid UTF-8 ({e})") from None
+    if not text.strip():
+        return None
+    try:
+        record = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ManifestError(f"{where}: invalid JSON: {e}") from None
+    if not isinstance(record, dict):
+        raise ManifestError(f"{where}: expected a JSON object, got {type(record).__name__}")
+    for key in REQUIRED_KEYS:
+        if key not in record:
+            raise ManifestError(f"{where}: missing required key {key!r} (a record needs {', '.join(REQUIRED_KEYS)})")
+    audio = record["audio_filepath"]
+    if not isinstance(audio, str) or not audio:
+        raise ManifestError(f"{where}: 'audio_filepath' must be a non-empty string, got {audio!r}")
+    if not _non_negative_number(record["duration"]):
+        raise ManifestError(f"{where}: 'duration' must be a finite number >= 0, got {record['duration']!r}")
+    if not isinstance(record["text"], str):
+        raise ManifestError(f"{where}: 'text' must be a string, got {record['text']!r}")
+    offset = record.get("offset", 0.0)
+    if not _non_negative_number(offset):
+        raise ManifestError(f"{where}: 'offset' must be a finite number >= 0, got {offset!r}")
+    record["audio_filepath"] = audio if os.path.isabs(audio) else str(folder / audio)
+    record["duration"] = float(record["duration"])
+    record["offset"] = float(offset)
+    return record
+
+
+def read_nemo_manifest(path: str | os.PathLike) -> list[dict[str, Any]]:
+    """Read and validate a NeMo JSON-lines manifest.
+
+    Every non-blank line must be a JSON object with ``audio_filepath`` (str), ``duration`` (seconds, a finite
+    number >= 0) and ``text`` (str, may be empty). ``offset`` (seconds) is optional. Other keys are kept.
+
+    Args:
+        path: Manifest file.
+
+    Returns:
+        One dict per utterance, in file order, with ``audio_filepath`` resolved against the manifest's folder
+        when relative, ``duration`` and ``offset`` (default 0.0) as floats.
+
+    Raises:
+        FileNotFoundError: If the manifest does not exist.
+        ManifestError: On the first bad line (longer than 1 MB, not UTF-8, not JSON, missing or invalid key),
+            naming the file and the 1-based line number.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"manifest not found: {path}")
+    folder = path.parent
+    records = []
+    with open(path, "rb") as f:
+        line_number = 0
+        while line := f.readline(MAX_LINE_BYTES + 2):
+            line_number += 1
+            where = f"{path}:{line_number}"
+            if len(line.rstrip(b"\r\n")) > MAX_LINE_BYTES:
+                raise ManifestError(f"{where}: line longer than {MAX_LINE_BYTES} bytes; is this a manifest?")
+            if line_number == 1 and line.startswith(b"\xef\xbb\xbf"):
+                line = line[3:]
+            record = _parse_record(line, where, folder)
+            if record is not None:
+                records.append(record)
+    return records

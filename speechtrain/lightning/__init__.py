@@ -1,0 +1,36 @@
+"""The bridge between PyTorch Lightning and Megatron Core.
+
+Everything public is importable from here: cache folders, :func:`get_vocab_size`, :func:`teardown`, the
+lifecycle callbacks (:class:`BaseCallback`, :class:`CallbackGroup`, :func:`hook_class_init_with_callbacks`) and
+:class:`Trainer`. Importing this package applies the SLURM interactive-mode fix to Lightning; it never imports
+Megatron Core or transformer-engine (those load when a parallel model is built).
+"""
+
+from speechtrain.lightning.callbacks import (
+    LIFECYCLE_EVENTS,
+    BaseCallback,
+    CallbackGroup,
+    hook_class_init_with_callbacks,
+)
+from speechtrain.lightning.settings import SPEECHTRAIN_DATASETS_CACHE, SPEECHTRAIN_HOME, SPEECHTRAIN_MODELS_CACHE
+from speechtrain.lightning.slurm import is_slurm_interactive_mode, patch_slurm_interactive_mode
+from speechtrain.lightning.teardown import teardown
+from speechtrain.lightning.trainer import Trainer
+from speechtrain.lightning.vocab import get_vocab_size
+
+patch_slurm_interactive_mode()
+
+__all__ = [
+    "LIFECYCLE_EVENTS",
+    "SPEECHTRAIN_DATASETS_CACHE",
+    "SPEECHTRAIN_HOME",
+    "SPEECHTRAIN_MODELS_CACHE",
+    "BaseCallback",
+    "CallbackGroup",
+    "Trainer",
+    "get_vocab_size",
+    "hook_class_init_with_callbacks",
+    "is_slurm_interactive_mode",
+    "patch_slurm_interactive_mode",
+    "teardown",
+]

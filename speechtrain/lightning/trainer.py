@@ -1,0 +1,159 @@
+"""A Lightning ``Trainer`` that remembers how it was built."""
+
+import copy
+import datetime
+import importlib
+import inspect
+import logging
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch.trainer.connectors.checkpoint_connector import _CheckpointConnector
+
+from speechtrain.lightning.callbacks import CallbackGroup
+
+logger = logging.getLogger(__name__)
+
+# Only classes from these packages may be named by ``_target_`` in a stored trainer config: a checkpoint someone
+# sent you must not be able to import arbitrary code.
+TRUSTED_TARGET_PREFIXES = ("speechtrain.", "lightning.")
+
+TRAINER_CONFIG_KEY = "speechtrain_trainer_config"
+
+
+def _snapshot(value: Any) -> Any:
+    """A deep copy where possible; containers are always copied so that later mutation cannot leak in."""
+    try:
+        return copy.deepcopy(value)
+    except Exception:
+        if isinstance(value, list | tuple):
+            return type(value)(_snapshot(v) for v in value)
+        if isinstance(value, dict):
+            return {k: _snapshot(v) for k, v in value.items()}
+        return value
+
+
+def _to_plain(value: Any, where: str, dropped: list[str]) -> Any:
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    if isinstance(value, Path):
+        return str(value)
+    if isinstance(value, datetime.timedelta):
+        return {"seconds": value.total_seconds()}
+    if isinstance(value, torch.device):
+        return str(value)
+    if isinstance(value, list | tuple):
+        items = [_to_plain(v, f"{where}[{i}]", dropped) for i, v in enumerate(value)]
+        return [v for v in items if v is not _DROPPED]
+    if isinstance(value, dict):
+        items = {str(k): _to_plain(v, f"{where}.{k}", dropped) for k, v in value.items()}
+        return {k: v for k, v in items.items() if v is not _DROPPED}
+    init_args = getattr(value, "init_args", None)
+    if isinstance(init_args, dict):
+        target = f"{type(value).__module__}.{type(value).__qualname__}"
+        return {"_target_": target, **_to_plain(init_args, where, dropped)}
+    dropped.append(f"{where} ({type(value).__name__})")
+    return _DROPPED
+
+
+_DROPPED = object()
+
+
+def _from_plain(value: Any) -> Any:
+    if isinstance(value, list):
+        return [_from_plain(v) for v in value]
+    if not isinstance(value, dict):
+        return value
+    kwargs = {k: _from_plain(v) for k, v in value.items() if k != "_target_"}
+    if "_target_" not in value:
+        return kwargs
+    target = value["_target_"]
+    if not isinstance(target, str) or not target.startswith(TRUSTED_TARGET_PREFIXES):
+        raise ValueError(
+            f"Refusing to build {target!r} from a stored trainer config: only classes from "
+            f"{', '.join(p.rstrip('.') for p in TRUSTED_TARGET_PREFIXES)} may be named there."
+        )
+    module_name, _, class_name = target.rpartition(".")
+    cls = getattr(importlib.import_module(module_name), class_name)
+    return cls(**kwargs)
+
+
+class _EventfulCheckpointConnector(_CheckpointConnector):
+    """Lightning's checkpoint restore, announced as ``on_load_checkpoint_start`` / ``_end`` lifecycle events."""
+
+    def resume_start(self, checkpoint_path: Any = None, weights_only: bool | None = None) -> None:
+        if checkpoint_path:
+            CallbackGroup.get_instance().on_load_checkpoint_start()
+        super().resume_start(checkpoint_path, weights_only=weights_only)
+
+    def resume_end(self) -> None:
+        restored = bool(self._ckpt_path)
+        super().resume_end()
+        if restored:
+            CallbackGroup.get_instance().on_load_checkpoint_end()
+
+
+class _StoreTrainerConfig(pl.Callback):
+    """Writes the trainer's config into every checkpoint it saves."""
+
+    def on_save_checkpoint(self, trainer: "Trainer", pl_module: pl.LightningModule, checkpoint: dict) -> None:
+        checkpoint[TRAINER_CONFIG_KEY] = trainer.to_config()
+
+
+class Trainer(pl.Trainer):
+    """``lightning.pytorch.Trainer`` that records the arguments it was built with.
+
+    ``trainer.init_args`` holds a copy of the constructor arguments as passed (positional ones by name).
+    :meth:`to_config` turns them into plain data that is stored in checkpoints; :meth:`from_config` and
+    :meth:`from_checkpoint` build an equivalent trainer from it. Arguments that are objects survive when they
+    record their own ``init_args`` (speechtrain's strategies and plugins do); others (loggers, third-party
+    callbacks) are left out with a warning, since the run manager re-creates those.
+
+    Before ``fit`` starts, the lifecycle :class:`CallbackGroup` gets the run's configuration and its callbacks
+    are attached to this trainer.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        bound = inspect.signature(pl.Trainer.__init__).bind(None, *args, **kwargs)
+        arguments = dict(bound.arguments)
+        arguments.pop("self")
+        self.init_args: dict[str, Any] = _snapshot(arguments)
+        CallbackGroup.get_instance().on_app_start()
+        super().__init__(*args, **kwargs)
+        self._checkpoint_connector = _EventfulCheckpointConnector(self)
+        self.callbacks.append(_StoreTrainerConfig())
+
+    def fit(self, model: pl.LightningModule, *args: Any, **kwargs: Any) -> None:
+        """Lightning's ``fit``; checkpoints are resumed with ``weights_only=True`` unless asked otherwise."""
+        CallbackGroup.get_instance().update_config(trainer=self, model=model)
+        kwargs.setdefault("weights_only", True)
+        return super().fit(model, *args, **kwargs)
+
+    def to_config(self) -> dict[str, Any]:
+        """The constructor arguments as plain, YAML-safe data (see class docstring)."""
+        dropped: list[str] = []
+        config = _to_plain(self.init_args, "trainer", dropped)
+        if dropped:
+            logger.warning(
+                "Trainer config leaves out arguments that cannot be stored as data: %s.", ", ".join(dropped)
+            )
+        return config
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any], **overrides: Any) -> "Trainer":
+        """Build a trainer from :meth:`to_config` output; ``overrides`` replace stored arguments."""
+        kwargs = _from_plain(dict(config))
+        if isinstance(kwargs.get("max_time"), dict):
+            kwargs["max_time"] = datetime.timedelta(**kwargs["max_time"])
+        kwargs.update(overrides)
+        return cls(**kwargs)
+
+    @classmethod
+    def from_checkpoint(cls, path: str | Path, **overrides: Any) -> "Trainer":
+        """Build the trainer that wrote the Lightning checkpoint ``path`` (loaded without unpickling code)."""
+        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+        if TRAINER_CONFIG_KEY not in checkpoint:
+            raise KeyError(f"{path} holds no trainer config (it was not written by a speechtrain Trainer).")
+        return cls.from_config(checkpoint[TRAINER_CONFIG_KEY], **overrides)
