@@ -25,9 +25,10 @@ def main(cfg):
         model.init_from_pretrained(cfg.init_from.path, cfg.init_from.include, cfg.init_from.exclude)
     trainer.fit(model)
     if trainer.is_global_zero:
-        print(f"\nval_wer {trainer.callback_metrics['val_wer']:.3f} | archive {log_dir / (cfg.name + '.stm')}")
-        manifest = [r for r in model.val_dataloader().dataset.records[:5]]
-        for record, hyp in zip(manifest, model.transcribe([r["audio_filepath"] for r in manifest])):
+        metrics = {k: f"{float(v):.4f}" for k, v in trainer.callback_metrics.items() if k.startswith("val_")}
+        print(f"\n{metrics} | run folder {log_dir}")
+        records = model.val_dataloader().dataset.records[:5] if model.val_dataloader() else []
+        for record, hyp in zip(records, model.transcribe([r["audio_filepath"] for r in records])):
             print(f"  ref: {record['text']:<20} hyp: {hyp}")
     teardown(trainer, model)
 

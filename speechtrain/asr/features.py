@@ -44,6 +44,7 @@ class LogMelFeatures(torch.nn.Module):
             hop_length=self.hop,
             n_mels=cfg.n_mels,
             window_fn=torch.hann_window,
+            pad_mode="constant",  # zeros past the end, exactly what batch padding adds: batched == per-utterance
         )
 
     def forward(self, audio: torch.Tensor, audio_lens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -32,12 +32,25 @@ def _dataclass_of(annotation: Any) -> type | None:
     return None
 
 
-def _accepted_keywords(fn: Callable) -> set[str] | None:
+def accepted_keywords(fn: Callable) -> set[str] | None:
     """Keyword names ``fn`` accepts, or None when it takes ``**kwargs``."""
     parameters = inspect.signature(fn).parameters.values()
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
         return None
     return {p.name for p in parameters if p.name != "self" and p.kind is not inspect.Parameter.VAR_POSITIONAL}
+
+
+def schema_field(schema: type, dotted_key: str) -> dataclasses.Field | None:
+    """The dataclass field that ``dotted_key`` names inside ``schema`` (following nested dataclasses), if any."""
+    node: type | None = schema
+    found = None
+    for part in dotted_key.split("."):
+        fields = {f.name: f for f in dataclasses.fields(node)} if node is not None else {}
+        found = fields.get(part)
+        if found is None:
+            return None
+        node = _dataclass_of(found.type)
+    return found
 
 
 def _unknown_key_message(path: str, key: str, allowed: set[str]) -> str:
@@ -61,7 +74,7 @@ def find_unknown_keys(config: Mapping[str, Any], schema: type, path: str = "") -
         if nested is not None and isinstance(value, Mapping):
             problems += find_unknown_keys(value, nested, child_path)
         elif keys_from is not None and isinstance(value, Mapping):
-            allowed = _accepted_keywords(keys_from)
+            allowed = accepted_keywords(keys_from)
             if allowed is not None:
                 problems += [_unknown_key_message(child_path, str(k), allowed) for k in value if k not in allowed]
     return problems

@@ -12,6 +12,7 @@
         <name>.stm              the final model archive, written when training ends
 """
 
+import csv
 import datetime
 import logging
 import os
@@ -22,6 +23,8 @@ from typing import Any
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
+from lightning.pytorch.loggers.csv_logs import ExperimentWriter
+from lightning.pytorch.loggers.logger import rank_zero_experiment
 from omegaconf import DictConfig, OmegaConf
 
 from speechtrain.core.config import validate_config
@@ -117,8 +120,39 @@ class SpeechCheckpoint(ModelCheckpoint):
                 logger.info("Saved the final model archive to %s", self.archive_path)
 
 
+class _AppendingCSVWriter(ExperimentWriter):
+    """Continues an existing ``metrics.csv`` (a resumed run) where Lightning's writer would delete it."""
+
+    def _check_log_dir_exists(self) -> None:
+        if self._fs.isfile(self.metrics_file_path):
+            with self._fs.open(self.metrics_file_path, "r", newline="") as handle:
+                self.metrics_keys = next(csv.reader(handle), [])
+
+
+class ResumableCSVLogger(CSVLogger):
+    """Lightning's ``CSVLogger``, appending to the run's ``metrics.csv`` when a run is resumed."""
+
+    @property
+    @rank_zero_experiment
+    def experiment(self) -> ExperimentWriter:
+        if self._experiment is None:
+            self._fs.makedirs(self.root_dir, exist_ok=True)
+            self._experiment = _AppendingCSVWriter(log_dir=self.log_dir)
+        return self._experiment
+
+
 def _is_launcher_rank() -> bool:
     return os.environ.get("LOCAL_RANK", "0") == "0" and os.environ.get("NODE_RANK", "0") == "0"
+
+
+def _new_version(run_root: Path) -> str:
+    """A timestamp folder name not yet used under ``run_root``."""
+    stamp = datetime.datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
+    version, count = stamp, 0
+    while (run_root / version).exists():
+        count += 1
+        version = f"{stamp}_{count}"
+    return version
 
 
 def find_last_checkpoint(run_root: Path) -> Path | None:
@@ -166,12 +200,12 @@ def exp_manager(
         if resume_path is not None:
             version = resume_path.parent.parent.name
     if version is None:
-        version = os.environ.get(VERSION_ENV)
-        if version is None:
-            version = datetime.datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
-            if _is_launcher_rank():
-                # Ranks that Lightning launches later re-run the script; they must land in the same folder.
-                os.environ[VERSION_ENV] = version
+        if _is_launcher_rank():
+            version = _new_version(run_root)
+            # Ranks that Lightning launches later re-run the script; they must land in the same folder.
+            os.environ[VERSION_ENV] = version
+        else:
+            version = os.environ.get(VERSION_ENV) or _new_version(run_root)
     log_dir = run_root / version
     log_dir.mkdir(parents=True, exist_ok=True)
     _attach_file_log(log_dir / "train.log")
@@ -180,7 +214,7 @@ def exp_manager(
     if cfg.create_tensorboard_logger:
         loggers.append(TensorBoardLogger(save_dir=run_root.parent, name=name, version=version))
     if cfg.create_csv_logger:
-        loggers.append(CSVLogger(save_dir=run_root.parent, name=name, version=version))
+        loggers.append(ResumableCSVLogger(save_dir=run_root.parent, name=name, version=version))
     trainer.loggers = loggers
     trainer._default_root_dir = str(log_dir)
 

@@ -22,7 +22,7 @@ from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from speechtrain.core.config import ConfigError, find_unknown_keys, validate_config
+from speechtrain.core.config import ConfigError, accepted_keywords, find_unknown_keys, schema_field, validate_config
 from speechtrain.lightning import CallbackGroup
 
 logger = logging.getLogger(__name__)
@@ -87,6 +87,28 @@ def _explain_override_failure(config_dir: str, config_name: str, overrides: list
     return "\n".join(hints) if hints else str(error)
 
 
+def _upsert_known_arguments(overrides: list[str], schema: type | None) -> list[str]:
+    """Let ``trainer.enable_progress_bar=false`` set any real ``Trainer`` argument, listed in the YAML or not.
+
+    Free-form nodes checked against a signature (``keys_from``) accept every argument of that signature; Hydra
+    would otherwise demand ``+`` for keys the YAML does not list.
+    """
+    if schema is None:
+        return overrides
+    result = []
+    for override in overrides:
+        match = _OVERRIDE_KEY.match(override)
+        if match is not None and match.group("prefix") is None and "=" in override:
+            parent, _, leaf = match.group("key").rpartition(".")
+            node = schema_field(schema, parent) if parent else None
+            keys_from = node.metadata.get("keys_from") if node is not None else None
+            allowed = accepted_keywords(keys_from) if keys_from is not None else None
+            if allowed is not None and leaf in allowed:
+                override = f"++{override}"
+        result.append(override)
+    return result
+
+
 def compose_config(
     config_dir: str | Path, config_name: str, overrides: list[str], schema: type | None = None
 ) -> DictConfig:
@@ -96,6 +118,7 @@ def compose_config(
         ConfigError: a bad override, an unknown key (with a suggestion) or a wrong type.
     """
     config_dir = str(Path(config_dir).resolve())
+    overrides = _upsert_known_arguments(overrides, schema)
     with initialize_config_dir(config_dir=config_dir, version_base=None):
         try:
             cfg = compose(config_name=config_name, overrides=overrides)

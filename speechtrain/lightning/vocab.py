@@ -11,7 +11,7 @@ def get_vocab_size(config: Any, vocab_size: int, make_vocab_size_divisible_by: i
 
     Args:
         config: anything with a ``tensor_model_parallel_size`` attribute (a Megatron ``TransformerConfig``,
-            a model config); missing means 1.
+            a model config); missing or ``None`` means 1.
         vocab_size: the tokenizer's vocabulary size.
         make_vocab_size_divisible_by: alignment of each shard.
 
@@ -23,7 +23,11 @@ def get_vocab_size(config: Any, vocab_size: int, make_vocab_size_divisible_by: i
         raise ValueError(f"vocab_size must be positive, got {vocab_size}")
     if make_vocab_size_divisible_by < 1:
         raise ValueError(f"make_vocab_size_divisible_by must be positive, got {make_vocab_size_divisible_by}")
-    tp_size = getattr(config, "tensor_model_parallel_size", 1) or 1
+    tp_size = getattr(config, "tensor_model_parallel_size", None)
+    if tp_size is None:
+        tp_size = 1
+    if tp_size < 1:
+        raise ValueError(f"tensor_model_parallel_size must be positive, got {tp_size}")
     multiple = make_vocab_size_divisible_by * tp_size
     padded = -(-vocab_size // multiple) * multiple
     logger.info(

@@ -1,0 +1,104 @@
+import csv
+import importlib.util
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import tiny_ctc_config
+
+from speechtrain.asr.conv_ctc import ConvCTCConfig
+from speechtrain.core.archive import read_archive
+from speechtrain.core.hydra_runner import compose_config
+from speechtrain.core.job import train_job_schema
+from speechtrain.core.model import SpeechModel
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+def _example_main():
+    spec = importlib.util.spec_from_file_location("asr_train_example", EXAMPLES / "asr_train.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.main
+
+
+def _job(tmp_path, manifest, *overrides):
+    """The example's real config, shrunk to a tiny model and corpus, plus CLI-style overrides."""
+    model = tiny_ctc_config(manifest)
+    base = [
+        f"exp_manager.exp_dir={tmp_path / 'exp'}",
+        "trainer.precision=32",
+        "trainer.enable_progress_bar=false",
+        "trainer.enable_model_summary=false",
+        "trainer.num_sanity_val_steps=0",
+        f"model.train_ds.manifest_filepath={manifest}",
+        f"model.validation_ds.manifest_filepath={manifest}",
+        f"model.encoder.d_model={model['encoder']['d_model']}",
+        "model.encoder.num_layers=1",
+        "model.encoder.dropout=0.1",
+        "model.preprocessor.n_mels=16",
+        "model.train_ds.batch_size=8",
+        "exp_manager.checkpoint_callback_params.save_top_k=1",
+    ]
+    return compose_config(EXAMPLES / "conf", "asr_train", [*base, *overrides], train_job_schema(ConvCTCConfig))
+
+
+def _run_folder(tmp_path, name="asr_demo"):
+    (folder,) = (tmp_path / "exp" / name).iterdir()
+    return folder
+
+
+def test_run_folder_layout_and_final_archive(tmp_path, dtmf_manifest):
+    main = _example_main()
+    main(_job(tmp_path, dtmf_manifest, "trainer.max_epochs=1"))
+    run = _run_folder(tmp_path)
+    names = {p.name for p in run.iterdir()}
+    assert {"config.yaml", "train.log", "metrics.csv", "checkpoints", "asr_demo.stm"} <= names
+    assert any(n.startswith("events.out.tfevents") for n in names)
+    checkpoints = sorted(p.name for p in (run / "checkpoints").iterdir())
+    assert "asr_demo--last.ckpt" in checkpoints
+    assert any(n.startswith("asr_demo--val_wer=") and n.endswith("-epoch=0.ckpt") for n in checkpoints)
+    assert "val_wer" in (run / "metrics.csv").read_text().splitlines()[0]
+    archive = read_archive(run / "asr_demo.stm")
+    assert archive.trainer_config["precision"] == 32
+    restored = SpeechModel.restore_from(run / "asr_demo.stm")
+    assert restored.cfg.encoder.d_model == 16
+
+
+def _final_weights(tmp_path):
+    return read_archive(_run_folder(tmp_path) / "asr_demo.stm").state_dict
+
+
+def test_resumed_run_equals_uninterrupted_run(tmp_path, dtmf_manifest):
+    main = _example_main()
+    straight, split = tmp_path / "straight", tmp_path / "split"
+    main(_job(straight, dtmf_manifest, "trainer.max_epochs=4"))
+    main(_job(split, dtmf_manifest, "trainer.max_epochs=2"))
+    main(_job(split, dtmf_manifest, "trainer.max_epochs=4", "exp_manager.resume_if_exists=true"))
+
+    assert len(list((split / "exp" / "asr_demo").iterdir())) == 1, "resume must continue the same run folder"
+    with open(_run_folder(split) / "metrics.csv") as handle:
+        epochs = [row["epoch"] for row in csv.DictReader(handle) if row["val_wer"]]
+    # Rows of the first run survive the resume. (Lightning re-runs the validation of the epoch whose end the
+    # checkpoint was saved at, so epoch 1 is validated twice.)
+    assert epochs[:2] == ["0", "1"] and sorted(set(epochs)) == ["0", "1", "2", "3"]
+    expected, resumed = _final_weights(straight), _final_weights(split)
+    assert expected.keys() == resumed.keys()
+    for key in expected:
+        torch.testing.assert_close(resumed[key], expected[key], rtol=0, atol=0, msg=key)
+
+
+def test_resume_without_checkpoint(tmp_path, dtmf_manifest):
+    main = _example_main()
+    with pytest.raises(FileNotFoundError, match="resume_ignore_no_checkpoint"):
+        main(_job(tmp_path, dtmf_manifest, "exp_manager.resume_if_exists=true"))
+    main(
+        _job(
+            tmp_path,
+            dtmf_manifest,
+            "trainer.max_steps=2",
+            "exp_manager.resume_if_exists=true",
+            "exp_manager.resume_ignore_no_checkpoint=true",
+        )
+    )
+    assert (_run_folder(tmp_path) / "asr_demo.stm").is_file()
