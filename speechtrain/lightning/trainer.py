@@ -77,6 +77,13 @@ def _from_plain(value: Any) -> Any:
         )
     module_name, _, class_name = target.rpartition(".")
     cls = getattr(importlib.import_module(module_name), class_name)
+    # A function, or a class merely imported there (``signal_connector.call`` is ``subprocess.call``), could run
+    # anything.
+    if not inspect.isclass(cls) or not cls.__module__.startswith(TRUSTED_TARGET_PREFIXES):
+        raise ValueError(
+            f"Refusing to build {target!r} from a stored trainer config: it is not a class defined in "
+            f"{', '.join(p.rstrip('.') for p in TRUSTED_TARGET_PREFIXES)}."
+        )
     return cls(**kwargs)
 
 

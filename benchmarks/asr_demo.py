@@ -1,0 +1,77 @@
+"""Speed and accuracy of the `make demo` job (examples/asr_train.py on the built-in corpus), per precision.
+
+    python benchmarks/asr_demo.py                       # fp32 and bf16-mixed, the demo's default schedule
+    python benchmarks/asr_demo.py --precisions bf16-mixed -- trainer.max_epochs=2
+
+Throughput is training audio-seconds per wall-second over the training steps (first 5 steps excluded).
+"""
+
+import argparse
+import importlib.util
+import tempfile
+import time
+from pathlib import Path
+
+from speechtrain.asr.conv_ctc import ConvCTCConfig
+from speechtrain.core.hydra_runner import compose_config
+from speechtrain.core.job import train_job_schema
+from speechtrain.lightning import BaseCallback, CallbackGroup
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+
+
+class Throughput(BaseCallback):
+    """Audio seconds and wall time of training steps; the last validation WER."""
+
+    def __init__(self, warmup: int = 5) -> None:
+        self.warmup, self.steps, self.audio, self.seconds, self.wer = warmup, 0, 0.0, 0.0, float("nan")
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        self._start = time.perf_counter()
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        self.steps += 1
+        if self.steps > self.warmup and batch is not None:
+            self.seconds += time.perf_counter() - self._start
+            self.audio += float(batch["audio_lens"].sum()) / pl_module.cfg.sample_rate
+
+    def on_validation_end(self, trainer, pl_module):
+        if "val_wer" in trainer.callback_metrics:
+            self.wer = float(trainer.callback_metrics["val_wer"])
+
+
+def run(precision: str, overrides: list[str]) -> dict:
+    spec = importlib.util.spec_from_file_location("asr_train", EXAMPLES / "asr_train.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    with tempfile.TemporaryDirectory() as exp_dir:
+        cfg = compose_config(
+            EXAMPLES / "conf",
+            "asr_train",
+            [f"trainer.precision={precision}", f"exp_manager.exp_dir={exp_dir}", "trainer.enable_progress_bar=false"]
+            + overrides,
+            train_job_schema(ConvCTCConfig),
+        )
+        meter = Throughput()
+        CallbackGroup.get_instance().register(meter)
+        start = time.perf_counter()
+        module.main(cfg)
+        wall = time.perf_counter() - start
+        CallbackGroup.get_instance().unregister(meter)
+    return {"precision": precision, "audio_s_per_s": meter.audio / meter.seconds, "wer": meter.wer, "wall": wall}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--precisions", nargs="+", default=["32", "bf16-mixed"])
+    parser.add_argument("overrides", nargs="*", help="config overrides for every run")
+    args = parser.parse_args()
+    rows = [run(p, args.overrides) for p in args.precisions]
+    print("\n| precision | train audio-s/s | final val WER | wall time (s, incl. validation) |")
+    print("|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['precision']} | {r['audio_s_per_s']:.0f} | {100 * r['wer']:.2f}% | {r['wall']:.0f} |")
+
+
+if __name__ == "__main__":
+    main()
