@@ -56,7 +56,8 @@ def schema_field(schema: type, dotted_key: str) -> dataclasses.Field | None:
 def _unknown_key_message(path: str, key: str, allowed: set[str]) -> str:
     guess = difflib.get_close_matches(key, sorted(allowed), n=1, cutoff=0.6)
     where = f"{path}.{key}" if path else key
-    hint = f" Did you mean '{guess[0]}'?" if guess else f" Known keys here: {', '.join(sorted(allowed))}."
+    prefix = f"{path}." if path else ""
+    hint = f" Did you mean '{prefix}{guess[0]}'?" if guess else f" Known keys here: {', '.join(sorted(allowed))}."
     return f"Unknown config key '{where}'.{hint}"
 
 

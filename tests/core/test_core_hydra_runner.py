@@ -68,8 +68,11 @@ def test_no_hydra_output_folders(run, tmp_path):
     "argv, expected",
     [
         (["model.optim.lrr=1"], "Unknown config key 'model.optim.lrr'. Did you mean 'model.optim.lr'?"),
-        (["+model.encoder.d_modle=3"], "Unknown config key 'model.encoder.d_modle'. Did you mean 'd_model'?"),
-        (["+trainer.max_epoch=3"], "Unknown config key 'trainer.max_epoch'. Did you mean 'max_epochs'?"),
+        (
+            ["+model.encoder.d_modle=3"],
+            "Unknown config key 'model.encoder.d_modle'. Did you mean 'model.encoder.d_model'?",
+        ),
+        (["+trainer.max_epoch=3"], "Unknown config key 'trainer.max_epoch'. Did you mean 'trainer.max_epochs'?"),
         (["model.encoder.num_layers=many"], "model.encoder.num_layers"),
         (["--config-name", "missing"], "No config file"),
     ],
@@ -86,7 +89,9 @@ def test_misspelt_key_in_yaml(tmp_path, monkeypatch, capsys, run):
     (tmp_path / "conf" / "bad.yaml").write_text(yaml.safe_dump(bad))
     with pytest.raises(SystemExit):
         run("--config-name=bad")
-    assert "Unknown config key 'model.encoder.d_modle'. Did you mean 'd_model'?" in capsys.readouterr().err
+    assert (
+        "Unknown config key 'model.encoder.d_modle'. Did you mean 'model.encoder.d_model'?" in capsys.readouterr().err
+    )
 
 
 def test_print_cfg_and_help(run, capsys):

@@ -10,7 +10,7 @@ from speechtrain.core.model import SpeechModel
 def test_unknown_model_key_names_it_and_suggests():
     cfg = tiny_ctc_config()
     cfg["encoder"]["d_modle"] = 32
-    with pytest.raises(ConfigError, match=r"Unknown config key 'encoder.d_modle'. Did you mean 'd_model'\?"):
+    with pytest.raises(ConfigError, match=r"Unknown config key 'encoder.d_modle'. Did you mean 'encoder.d_model'\?"):
         ConvCTCModel(cfg)
 
 

@@ -1,0 +1,23 @@
+import logging
+import warnings
+
+import lightning.pytorch as pl
+
+import speechtrain.lightning  # noqa: F401  (installs the filters)
+
+
+def test_lightning_cloud_tips_are_dropped_but_other_info_is_kept(caplog):
+    with caplog.at_level(logging.INFO, logger="lightning.pytorch"):
+        pl.Trainer(accelerator="cpu", logger=True, enable_progress_bar=False)
+    messages = [r.getMessage() for r in caplog.records]
+    assert not any("Tip" in m for m in messages)
+    assert any("GPU available" in m for m in messages)
+
+
+def test_only_the_leafspec_deprecation_is_ignored():
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("default")
+        speechtrain.lightning.silence_upstream_noise()
+        warnings.warn("`isinstance(treespec, LeafSpec)` is deprecated, use ...", FutureWarning, stacklevel=1)
+        warnings.warn("something else is deprecated", FutureWarning, stacklevel=1)
+    assert [str(w.message) for w in caught] == ["something else is deprecated"]
