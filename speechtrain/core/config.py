@@ -53,7 +53,8 @@ def schema_field(schema: type, dotted_key: str) -> dataclasses.Field | None:
     return found
 
 
-def _unknown_key_message(path: str, key: str, allowed: set[str]) -> str:
+def unknown_key_message(path: str, key: str, allowed: set[str]) -> str:
+    """``Unknown config key 'path.key'.`` with the closest allowed key, or the list of allowed keys."""
     guess = difflib.get_close_matches(key, sorted(allowed), n=1, cutoff=0.6)
     where = f"{path}.{key}" if path else key
     prefix = f"{path}." if path else ""
@@ -67,7 +68,7 @@ def find_unknown_keys(config: Mapping[str, Any], schema: type, path: str = "") -
     problems = []
     for key, value in config.items():
         if key not in fields:
-            problems.append(_unknown_key_message(path, str(key), set(fields)))
+            problems.append(unknown_key_message(path, str(key), set(fields)))
             continue
         child_path = f"{path}.{key}" if path else str(key)
         nested = _dataclass_of(fields[key].type)
@@ -77,7 +78,7 @@ def find_unknown_keys(config: Mapping[str, Any], schema: type, path: str = "") -
         elif keys_from is not None and isinstance(value, Mapping):
             allowed = accepted_keywords(keys_from)
             if allowed is not None:
-                problems += [_unknown_key_message(child_path, str(k), allowed) for k in value if k not in allowed]
+                problems += [unknown_key_message(child_path, str(k), allowed) for k in value if k not in allowed]
     return problems
 
 

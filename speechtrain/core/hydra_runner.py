@@ -22,10 +22,9 @@ from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from speechtrain.core.config import ConfigError, accepted_keywords, find_unknown_keys, schema_field, validate_config
+from speechtrain.core.config import ConfigError, accepted_keywords, schema_field, unknown_key_message, validate_config
 from speechtrain.lightning import CallbackGroup
 
-logger = logging.getLogger(__name__)
 
 _OVERRIDE_KEY = re.compile(r"^(?P<prefix>~|\+\+|\+)?(?P<key>[\w.\-/@]+)")
 USAGE = """usage: {prog} [--config-path DIR] [--config-name NAME] [--cfg] [key=value | +key=value | ~key ...]
@@ -37,30 +36,30 @@ Overrides use Hydra's grammar: model.optim.lr=1e-4 sets a key, +key=v adds a new
 def _parse_argv(argv: list[str]) -> tuple[dict[str, Any], list[str]]:
     options: dict[str, Any] = {"print_cfg": False, "help": False}
     overrides: list[str] = []
-    items = iter(argv)
-    for item in items:
+    i = 0
+    while i < len(argv):
+        item = argv[i]
+        flag, has_value, value = item.partition("=")
         if item in ("-h", "--help"):
             options["help"] = True
         elif item in ("--cfg", "-c"):
             options["print_cfg"] = True
-            if argv and argv[-1] in ("job", "all") and item != argv[-1]:
-                continue
-        elif item in ("job", "all") and options["print_cfg"]:
-            continue
-        elif item.startswith(("--config-path", "--config-name", "-cp", "-cn")):
-            flag, _, value = item.partition("=")
-            if not value:
-                value = next(items, None)
-                if value is None:
+            if i + 1 < len(argv) and argv[i + 1] in ("job", "all"):  # Hydra's `--cfg job` spelling
+                i += 1
+        elif flag in ("--config-path", "-cp", "--config-name", "-cn"):
+            if not has_value:
+                i += 1
+                if i == len(argv):
                     raise ConfigError(f"{flag} needs a value.")
-            key = "config_path" if flag in ("--config-path", "-cp") else "config_name"
-            options[key] = value
+                value = argv[i]
+            options["config_path" if flag in ("--config-path", "-cp") else "config_name"] = value
         else:
             overrides.append(item)
+        i += 1
     return options, overrides
 
 
-def _explain_override_failure(config_dir: str, config_name: str, overrides: list[str], error: Exception) -> str:
+def _explain_override_failure(config_name: str, overrides: list[str], error: Exception) -> str:
     """Hydra's message, plus a suggestion for each override that names a key the config does not have."""
     try:
         base = compose(config_name=config_name, overrides=[])
@@ -74,16 +73,10 @@ def _explain_override_failure(config_dir: str, config_name: str, overrides: list
         parent, _, leaf = match.group("key").rpartition(".")
         node = OmegaConf.select(base, parent) if parent else base
         if isinstance(node, DictConfig) and leaf not in node:
-            import difflib
-
-            guess = difflib.get_close_matches(leaf, [str(k) for k in node.keys()], n=1, cutoff=0.6)
-            full = match.group("key")
-            if guess:
-                hints.append(
-                    f"Unknown config key '{full}'. Did you mean '{parent + '.' if parent else ''}{guess[0]}'?"
-                )
-            else:
-                hints.append(f"Unknown config key '{full}'. To add a new key use +{full}=...")
+            hint = unknown_key_message(parent, leaf, {str(k) for k in node.keys()})
+            if "Did you mean" not in hint:
+                hint += f" To add a new key, write +{match.group('key')}=..."
+            hints.append(hint)
     return "\n".join(hints) if hints else str(error)
 
 
@@ -123,7 +116,7 @@ def compose_config(
         try:
             cfg = compose(config_name=config_name, overrides=overrides)
         except (HydraException, OmegaConfBaseException) as error:
-            raise ConfigError(_explain_override_failure(config_dir, config_name, overrides, error)) from error
+            raise ConfigError(_explain_override_failure(config_name, overrides, error)) from error
     if schema is not None:
         cfg = validate_config(cfg, schema)
     return cfg
@@ -192,6 +185,3 @@ def _config_from_argv(
         print(OmegaConf.to_yaml(cfg))
         return None
     return cfg
-
-
-__all__ = ["compose_config", "find_unknown_keys", "hydra_runner"]
