@@ -25,7 +25,6 @@ from omegaconf.errors import OmegaConfBaseException
 from speechtrain.core.config import ConfigError, accepted_keywords, schema_field, unknown_key_message, validate_config
 from speechtrain.lightning import CallbackGroup
 
-
 _OVERRIDE_KEY = re.compile(r"^(?P<prefix>~|\+\+|\+)?(?P<key>[\w.\-/@]+)")
 USAGE = """usage: {prog} [--config-path DIR] [--config-name NAME] [--cfg] [key=value | +key=value | ~key ...]
 
@@ -59,7 +58,7 @@ def _parse_argv(argv: list[str]) -> tuple[dict[str, Any], list[str]]:
     return options, overrides
 
 
-def _explain_override_failure(config_name: str, overrides: list[str], error: Exception) -> str:
+def _explain_override_failure(config_name: str, overrides: list[str], error: Exception, schema: type | None) -> str:
     """Hydra's message, plus a suggestion for each override that names a key the config does not have."""
     try:
         base = compose(config_name=config_name, overrides=[])
@@ -73,11 +72,19 @@ def _explain_override_failure(config_name: str, overrides: list[str], error: Exc
         parent, _, leaf = match.group("key").rpartition(".")
         node = OmegaConf.select(base, parent) if parent else base
         if isinstance(node, DictConfig) and leaf not in node:
-            hint = unknown_key_message(parent, leaf, {str(k) for k in node.keys()})
+            allowed = {str(k) for k in node.keys()} | (_signature_keys(schema, parent) or set())
+            hint = unknown_key_message(parent, leaf, allowed)
             if "Did you mean" not in hint:
                 hint += f" To add a new key, write +{match.group('key')}=..."
             hints.append(hint)
     return "\n".join(hints) if hints else str(error)
+
+
+def _signature_keys(schema: type | None, dotted_key: str) -> set[str] | None:
+    """The keywords a free-form schema node accepts (``keys_from``), e.g. ``Trainer``'s arguments for ``trainer``."""
+    node = schema_field(schema, dotted_key) if schema is not None and dotted_key else None
+    keys_from = node.metadata.get("keys_from") if node is not None else None
+    return accepted_keywords(keys_from) if keys_from is not None else None
 
 
 def _upsert_known_arguments(overrides: list[str], schema: type | None) -> list[str]:
@@ -93,10 +100,7 @@ def _upsert_known_arguments(overrides: list[str], schema: type | None) -> list[s
         match = _OVERRIDE_KEY.match(override)
         if match is not None and match.group("prefix") is None and "=" in override:
             parent, _, leaf = match.group("key").rpartition(".")
-            node = schema_field(schema, parent) if parent else None
-            keys_from = node.metadata.get("keys_from") if node is not None else None
-            allowed = accepted_keywords(keys_from) if keys_from is not None else None
-            if allowed is not None and leaf in allowed:
+            if leaf in (_signature_keys(schema, parent) or ()):
                 override = f"++{override}"
         result.append(override)
     return result
@@ -116,7 +120,7 @@ def compose_config(
         try:
             cfg = compose(config_name=config_name, overrides=overrides)
         except (HydraException, OmegaConfBaseException) as error:
-            raise ConfigError(_explain_override_failure(config_name, overrides, error)) from error
+            raise ConfigError(_explain_override_failure(config_name, overrides, error, schema)) from error
     if schema is not None:
         cfg = validate_config(cfg, schema)
     return cfg
