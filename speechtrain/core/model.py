@@ -184,6 +184,7 @@ class SpeechModel(pl.LightningModule):
             if override_config:
                 config = to_plain(OmegaConf.merge(OmegaConf.create(config), OmegaConf.create(override_config)))
             model = model_cls(config)
+            model.configure_model()
             model.load_state_dict(archive.state_dict, strict=strict)
             model.to(map_location)
             model._artifact_dir = archive.artifact_dir
@@ -254,6 +255,7 @@ class SpeechModel(pl.LightningModule):
         group.on_load_checkpoint_start()
         try:
             source_state = _load_source_state_dict(source)
+            self.configure_model()
             own_state = self.state_dict()
             report = LoadReport()
             selected = {}

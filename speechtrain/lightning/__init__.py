@@ -8,15 +8,19 @@ Lightning's cloud-service tips and a deprecation warning about its own code (see
 parallel model is built).
 """
 
+from speechtrain.lightning import parallel_state
 from speechtrain.lightning.callbacks import (
     LIFECYCLE_EVENTS,
     BaseCallback,
     CallbackGroup,
     hook_class_init_with_callbacks,
 )
+from speechtrain.lightning.megatron_parallel import MegatronParallel
 from speechtrain.lightning.noise import silence_upstream_noise
+from speechtrain.lightning.precision import DynamicLossScaler, MegatronMixedPrecision
 from speechtrain.lightning.settings import SPEECHTRAIN_DATASETS_CACHE, SPEECHTRAIN_HOME, SPEECHTRAIN_MODELS_CACHE
 from speechtrain.lightning.slurm import is_slurm_interactive_mode, patch_slurm_interactive_mode
+from speechtrain.lightning.strategy import MegatronStrategy
 from speechtrain.lightning.teardown import teardown
 from speechtrain.lightning.trainer import Trainer
 from speechtrain.lightning.vocab import get_vocab_size
@@ -31,10 +35,15 @@ __all__ = [
     "SPEECHTRAIN_MODELS_CACHE",
     "BaseCallback",
     "CallbackGroup",
+    "DynamicLossScaler",
+    "MegatronMixedPrecision",
+    "MegatronParallel",
+    "MegatronStrategy",
     "Trainer",
     "get_vocab_size",
     "hook_class_init_with_callbacks",
     "is_slurm_interactive_mode",
+    "parallel_state",
     "patch_slurm_interactive_mode",
     "teardown",
 ]

@@ -1,0 +1,91 @@
+"""Ranks and groups of the current run, whether or not Megatron's parallel state is initialised.
+
+Models and data code ask here, never a strategy: without Megatron (a plain single-process run) every parallel
+size is 1 and every rank 0.
+"""
+
+import sys
+from typing import Any
+
+import torch
+
+
+def _mpu() -> Any:
+    """Megatron's ``parallel_state`` if it is imported and initialised, else None (never imports Megatron)."""
+    module = sys.modules.get("megatron.core.parallel_state")
+    if module is None or not module.model_parallel_is_initialized():
+        return None
+    return module
+
+
+def is_initialized() -> bool:
+    """Whether Megatron's parallel state is set up in this process."""
+    return _mpu() is not None
+
+
+def tensor_parallel_world_size() -> int:
+    mpu = _mpu()
+    return mpu.get_tensor_model_parallel_world_size() if mpu else 1
+
+
+def tensor_parallel_rank() -> int:
+    mpu = _mpu()
+    return mpu.get_tensor_model_parallel_rank() if mpu else 0
+
+
+def pipeline_parallel_world_size() -> int:
+    mpu = _mpu()
+    return mpu.get_pipeline_model_parallel_world_size() if mpu else 1
+
+
+def pipeline_parallel_rank() -> int:
+    mpu = _mpu()
+    return mpu.get_pipeline_model_parallel_rank() if mpu else 0
+
+
+def is_pipeline_first_stage() -> bool:
+    return pipeline_parallel_rank() == 0
+
+
+def is_pipeline_last_stage() -> bool:
+    return pipeline_parallel_rank() == pipeline_parallel_world_size() - 1
+
+
+def data_parallel_world_size() -> int:
+    mpu = _mpu()
+    if mpu:
+        return mpu.get_data_parallel_world_size()
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_world_size()
+    return 1
+
+
+def data_parallel_rank() -> int:
+    mpu = _mpu()
+    if mpu:
+        return mpu.get_data_parallel_rank()
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_rank()
+    return 0
+
+
+def data_parallel_group() -> Any:
+    """The data-parallel process group (None: the default group, or no distributed run)."""
+    mpu = _mpu()
+    return mpu.get_data_parallel_group() if mpu else None
+
+
+def tensor_parallel_group() -> Any:
+    mpu = _mpu()
+    return mpu.get_tensor_model_parallel_group() if mpu else None
+
+
+def pipeline_parallel_group() -> Any:
+    mpu = _mpu()
+    return mpu.get_pipeline_model_parallel_group() if mpu else None
+
+
+def model_parallel_group() -> Any:
+    """The tensor x pipeline group of this rank (None when there is no model parallelism)."""
+    mpu = _mpu()
+    return mpu.get_model_parallel_group() if mpu else None

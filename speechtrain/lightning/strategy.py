@@ -1,0 +1,179 @@
+"""``MegatronStrategy``: Lightning's DDP family, with Megatron Core's tensor, pipeline and data parallel groups.
+
+Process layout: ``devices x num_nodes`` processes = TP x PP x DP (Megatron's order: tensor-parallel ranks are
+adjacent, so a TP group stays inside one node whenever TP divides the devices per node). Samplers, the loss and
+metrics see the *data-parallel* rank and size. The process group is NCCL on GPUs and gloo on CPUs.
+"""
+
+import logging
+import os
+from typing import Any
+
+import torch
+from lightning.pytorch.strategies import DDPStrategy
+
+from speechtrain.lightning import parallel_state
+from speechtrain.lightning.megatron_compat import import_megatron, model_parallel_manual_seed
+from speechtrain.lightning.megatron_parallel import MegatronParallel
+from speechtrain.lightning.precision import MegatronMixedPrecision
+
+logger = logging.getLogger(__name__)
+
+
+def _gradients_zeroed_by_the_schedule(*args: Any, **kwargs: Any) -> None:
+    """Stands in for ``LightningModule.optimizer_zero_grad`` under MegatronStrategy (see ``configure_ddp``)."""
+
+
+class MegatronStrategy(DDPStrategy):
+    """Train speechtrain models with tensor, pipeline and data parallelism.
+
+    Args:
+        tensor_model_parallel_size: ranks that split each layer's weights.
+        pipeline_model_parallel_size: ranks that split the stack of layers into stages.
+        virtual_pipeline_model_parallel_size: interleaved pipeline chunks (not supported yet).
+        context_parallel_size: ranks that split the sequence inside attention (not supported yet).
+        sequence_parallel: shard norms and dropout along the sequence under TP (not supported yet).
+        micro_batch_size: split each data-parallel rank's batch into micro-batches of this size for the
+            pipeline schedule (None: one micro-batch).
+        seed: seed of the model-parallel RNG streams (default: Lightning's global seed, else 1234).
+        **kwargs: ``DDPStrategy`` arguments (``process_group_backend``, ``timeout``, ...).
+    """
+
+    strategy_name = "megatron"
+
+    def __init__(
+        self,
+        tensor_model_parallel_size: int = 1,
+        pipeline_model_parallel_size: int = 1,
+        virtual_pipeline_model_parallel_size: int | None = None,
+        context_parallel_size: int = 1,
+        sequence_parallel: bool = False,
+        micro_batch_size: int | None = None,
+        seed: int | None = None,
+        **kwargs: Any,
+    ) -> None:
+        self.init_args = {
+            "tensor_model_parallel_size": tensor_model_parallel_size,
+            "pipeline_model_parallel_size": pipeline_model_parallel_size,
+            "virtual_pipeline_model_parallel_size": virtual_pipeline_model_parallel_size,
+            "context_parallel_size": context_parallel_size,
+            "sequence_parallel": sequence_parallel,
+            "micro_batch_size": micro_batch_size,
+            "seed": seed,
+            **{k: v for k, v in kwargs.items() if isinstance(v, bool | int | float | str) or v is None},
+        }
+        for name, value in (
+            ("virtual_pipeline_model_parallel_size", virtual_pipeline_model_parallel_size is not None),
+            ("context_parallel_size", context_parallel_size != 1),
+            ("sequence_parallel", sequence_parallel),
+        ):
+            if value:
+                raise NotImplementedError(f"MegatronStrategy: {name} is not supported yet; leave it at its default.")
+        for name, value in (
+            ("tensor_model_parallel_size", tensor_model_parallel_size),
+            ("pipeline_model_parallel_size", pipeline_model_parallel_size),
+        ):
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"MegatronStrategy: {name} must be a positive integer, got {value!r}.")
+        super().__init__(**kwargs)
+        self.tensor_model_parallel_size = tensor_model_parallel_size
+        self.pipeline_model_parallel_size = pipeline_model_parallel_size
+        self.micro_batch_size = micro_batch_size
+        self.seed = seed
+        self.megatron_parallel: MegatronParallel | None = None
+
+    # ------------------------------------------------------------------------------------------ process setup
+    def _check_layout(self) -> None:
+        world = self.num_nodes * self.num_processes
+        model_parallel = self.tensor_model_parallel_size * self.pipeline_model_parallel_size
+        if world % model_parallel:
+            raise ValueError(
+                f"trainer.devices x trainer.num_nodes = {self.num_processes} x {self.num_nodes} = {world} processes "
+                f"cannot be split into tensor_model_parallel_size ({self.tensor_model_parallel_size}) x "
+                f"pipeline_model_parallel_size ({self.pipeline_model_parallel_size}) = {model_parallel} model "
+                f"replicas. Use a multiple of {model_parallel} processes, or smaller parallel sizes."
+            )
+
+    def setup_environment(self) -> None:
+        if not isinstance(self.precision_plugin, MegatronMixedPrecision):
+            self.precision_plugin = MegatronMixedPrecision(self.precision_plugin.precision)
+        self._check_layout()
+        super().setup_environment()  # process group (gloo on CPU, NCCL on GPU)
+        import_megatron()
+        from megatron.core import parallel_state as mpu
+
+        if not mpu.model_parallel_is_initialized():
+            mpu.initialize_model_parallel(
+                tensor_model_parallel_size=self.tensor_model_parallel_size,
+                pipeline_model_parallel_size=self.pipeline_model_parallel_size,
+            )
+        seed = self.seed if self.seed is not None else int(os.environ.get("PL_GLOBAL_SEED", 1234))
+        model_parallel_manual_seed(seed)
+        logger.info(
+            "Megatron layout: TP %d x PP %d x DP %d (this rank: tp %d, pp %d, dp %d).",
+            self.tensor_model_parallel_size,
+            self.pipeline_model_parallel_size,
+            parallel_state.data_parallel_world_size(),
+            parallel_state.tensor_parallel_rank(),
+            parallel_state.pipeline_parallel_rank(),
+            parallel_state.data_parallel_rank(),
+        )
+
+    @property
+    def distributed_sampler_kwargs(self) -> dict[str, Any]:
+        """Samplers shard by data-parallel rank: TP and PP peers read the same samples."""
+        return {"num_replicas": parallel_state.data_parallel_world_size(), "rank": parallel_state.data_parallel_rank()}
+
+    def configure_ddp(self) -> None:
+        """No DDP wrapper: MegatronParallel reduces gradients over the data-parallel group itself.
+
+        Lightning zeroes gradients *after* ``training_step`` (it expects backward to come later); here the
+        schedule inside ``training_step`` already ran backward, so the step zeroes gradients itself, before the
+        schedule, and Lightning's ``optimizer_zero_grad`` is turned off for this module.
+        """
+        self.lightning_module.optimizer_zero_grad = _gradients_zeroed_by_the_schedule
+        self.megatron_parallel = MegatronParallel(
+            self.lightning_module,
+            micro_batch_size=self.micro_batch_size,
+            grad_scale_func=self.precision_plugin.grad_scale_func(),
+        )
+
+    # ------------------------------------------------------------------------------------------------- steps
+    def training_step(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+        batch = args[0] if args else kwargs["batch"]
+        self.lightning_module.zero_grad(set_to_none=True)
+        with self.precision_plugin.train_step_context():
+            loss = self.megatron_parallel.run(batch, forward_only=False)
+        self.lightning_module.log("reduced_train_loss", loss, prog_bar=True, batch_size=1)
+        return loss
+
+    def backward(self, closure_loss: torch.Tensor, optimizer: Any, *args: Any, **kwargs: Any) -> torch.Tensor:
+        """Gradients were already computed inside the pipeline schedule (``training_step``)."""
+        return closure_loss
+
+    def validation_step(self, *args: Any, **kwargs: Any) -> Any:
+        if parallel_state.pipeline_parallel_world_size() == 1:
+            with self.precision_plugin.val_step_context():
+                return self.lightning_module.validation_step(*args, **kwargs)
+        batch = args[0] if args else kwargs["batch"]
+        if self.megatron_parallel is None:
+            self.configure_ddp()
+        with self.precision_plugin.val_step_context():
+            loss = self.megatron_parallel.run(batch, forward_only=True)
+        self.lightning_module.log("val_loss", loss, prog_bar=True, batch_size=1)
+        return loss
+
+    def reduce(self, tensor: Any, group: Any = None, reduce_op: Any = "mean") -> Any:
+        """Metrics are reduced over the data-parallel group (model-parallel peers hold the same values)."""
+        if group is None and parallel_state.is_initialized():
+            group = parallel_state.data_parallel_group()
+        return super().reduce(tensor, group=group, reduce_op=reduce_op)
+
+    def teardown(self) -> None:
+        if self.lightning_module is not None:
+            self.lightning_module.__dict__.pop("optimizer_zero_grad", None)
+        super().teardown()
+        from megatron.core import parallel_state as mpu
+
+        if mpu.model_parallel_is_initialized():
+            mpu.destroy_model_parallel()

@@ -1,0 +1,141 @@
+"""Column- and row-parallel linear layers (Megatron's partitioning), with a plain-PyTorch single-process path.
+
+``ColumnParallelLinear`` splits the output features over the tensor-parallel ranks; ``RowParallelLinear``
+splits the input features and all-reduces the partial products. Under TP=1 or without Megatron both are an
+ordinary affine map with parameters ``weight`` (out, in) and ``bias`` (out,): state dicts of both paths have
+the same keys.
+"""
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+from speechtrain.lightning import parallel_state
+
+InitMethod = Callable[[torch.Tensor], torch.Tensor]
+
+
+def param_is_tp_duplicate(param: torch.nn.Parameter) -> bool:
+    """True for a parameter that every tensor-parallel rank holds a full copy of, on ranks other than 0.
+
+    Norms of gradients count such parameters once (on TP rank 0).
+    """
+    return not getattr(param, "tensor_model_parallel", False) and parallel_state.tensor_parallel_rank() != 0
+
+
+def _megatron_config(tp_size: int):  # noqa: ANN202 (Megatron's ModelParallelConfig)
+    from speechtrain.lightning.megatron_compat import import_megatron
+
+    import_megatron()
+    from megatron.core.model_parallel_config import ModelParallelConfig
+
+    return ModelParallelConfig(
+        tensor_model_parallel_size=tp_size,
+        use_cpu_initialization=True,  # the full weight is drawn on every rank, then sliced: TP=n == TP=1
+        perform_initialization=True,
+        gradient_accumulation_fusion=False,
+        params_dtype=torch.float32,
+    )
+
+
+class _PlainLinear(torch.nn.Module):
+    """Single-process path: the full weight, initialised exactly like Megatron's CPU initialisation."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool, init_method: InitMethod) -> None:
+        super().__init__()
+        weight = torch.empty(out_features, in_features)
+        init_method(weight)
+        self.weight = torch.nn.Parameter(weight)
+        self.bias = torch.nn.Parameter(torch.zeros(out_features)) if bias else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+
+class ColumnParallelLinear(torch.nn.Module):
+    """``y = x W^T + b`` with ``W``'s rows (output features) split over the tensor-parallel ranks.
+
+    Args:
+        in_features: input width.
+        out_features: full output width (divisible by the TP size).
+        bias: learn a bias (split like the output).
+        gather_output: return the full output on every rank instead of this rank's slice.
+        init_method: initialiser applied to the full (out, in) weight.
+    """
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        bias: bool = True,
+        gather_output: bool = False,
+        init_method: InitMethod = torch.nn.init.xavier_uniform_,
+    ) -> None:
+        super().__init__()
+        tp = parallel_state.tensor_parallel_world_size()
+        if out_features % tp:
+            raise ValueError(f"out_features={out_features} is not divisible by tensor_model_parallel_size={tp}.")
+        self.out_features_per_rank = out_features // tp
+        if parallel_state.is_initialized():
+            from megatron.core import tensor_parallel
+
+            self.linear = tensor_parallel.ColumnParallelLinear(
+                in_features,
+                out_features,
+                config=_megatron_config(tp),
+                init_method=init_method,
+                bias=bias,
+                gather_output=gather_output,
+            )
+        else:
+            self.linear = _PlainLinear(in_features, out_features, bias, init_method)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x: (..., in) -> (..., out / TP), or (..., out) with ``gather_output``."""
+        out = self.linear(x)
+        return out[0] if isinstance(out, tuple) else out
+
+
+class RowParallelLinear(torch.nn.Module):
+    """``y = x W^T + b`` with ``W``'s columns (input features) split over the TP ranks; outputs all-reduced.
+
+    Args:
+        in_features: full input width (divisible by the TP size).
+        out_features: output width.
+        bias: learn a bias (held in full by every rank, added after the reduction).
+        input_is_parallel: the input is already this rank's slice (output of a ``ColumnParallelLinear``).
+        init_method: initialiser applied to the full (out, in) weight.
+    """
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        bias: bool = True,
+        input_is_parallel: bool = True,
+        init_method: InitMethod = torch.nn.init.xavier_uniform_,
+    ) -> None:
+        super().__init__()
+        tp = parallel_state.tensor_parallel_world_size()
+        if in_features % tp:
+            raise ValueError(f"in_features={in_features} is not divisible by tensor_model_parallel_size={tp}.")
+        if parallel_state.is_initialized():
+            from megatron.core import tensor_parallel
+
+            self.linear = tensor_parallel.RowParallelLinear(
+                in_features,
+                out_features,
+                config=_megatron_config(tp),
+                init_method=init_method,
+                bias=bias,
+                input_is_parallel=input_is_parallel,
+                skip_bias_add=False,
+            )
+        else:
+            self.linear = _PlainLinear(in_features, out_features, bias, init_method)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x: (..., in / TP) (or (..., in) without ``input_is_parallel``) -> (..., out), identical on all ranks."""
+        out = self.linear(x)
+        return out[0] if isinstance(out, tuple) else out

@@ -1,0 +1,90 @@
+"""One training job of the toy transformer under a given parallel layout; launched by the parallel tests with
+``torchrun`` (or as a plain single process for the reference). Every rank writes ``<out>/rank<R>.pt`` with the
+per-step losses and its (sharded) final weights."""
+
+import argparse
+import os
+from pathlib import Path
+
+import lightning.pytorch as pl
+import torch
+
+from speechtrain.lightning import MegatronStrategy, Trainer, parallel_state
+from speechtrain.testing.toy_models import ToyTransformerRegressor
+
+
+class RecordLosses(pl.Callback):
+    def __init__(self) -> None:
+        self.losses: list[float] = []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        self.losses.append(float(outputs["loss"]))
+
+    def on_train_end(self, trainer, pl_module):
+        # The parallel state is torn down with the trainer: read the ranks while it exists.
+        self.ranks = {
+            "tp_rank": parallel_state.tensor_parallel_rank(),
+            "pp_rank": parallel_state.pipeline_parallel_rank(),
+            "dp_rank": parallel_state.data_parallel_rank(),
+        }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--devices", type=int, default=1)
+    parser.add_argument("--num-nodes", type=int, default=1)
+    parser.add_argument("--tp", type=int, default=1)
+    parser.add_argument("--pp", type=int, default=1)
+    parser.add_argument("--plain", action="store_true", help="no MegatronStrategy: Lightning's default, 1 process")
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--global-batch", type=int, default=8)
+    parser.add_argument("--micro-batch-size", type=int, default=None)
+    parser.add_argument("--precision", default="32")
+    args = parser.parse_args()
+
+    torch.set_num_threads(1)
+    pl.seed_everything(0, verbose=False)
+    strategy = (
+        "auto"
+        if args.plain
+        else MegatronStrategy(
+            tensor_model_parallel_size=args.tp,
+            pipeline_model_parallel_size=args.pp,
+            micro_batch_size=args.micro_batch_size,
+        )
+    )
+    recorder = RecordLosses()
+    trainer = Trainer(
+        accelerator="cpu",
+        devices=args.devices,
+        num_nodes=args.num_nodes,
+        strategy=strategy,
+        precision=args.precision,
+        max_steps=args.steps,
+        gradient_clip_val=0.05,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=0,
+        callbacks=[recorder],
+    )
+    dp = (args.devices * args.num_nodes) // (args.tp * args.pp)
+    model = ToyTransformerRegressor({"batch_size": args.global_batch // dp})  # layers built in configure_model
+    trainer.fit(model)
+    params = {
+        name: (
+            p.detach().clone(),
+            getattr(p, "partition_dim", None) if getattr(p, "tensor_model_parallel", False) else None,
+        )
+        for name, p in model.named_parameters()
+    }
+    record = {"losses": recorder.losses, "params": params, **recorder.ranks}
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    torch.save(record, Path(args.out) / f"rank{trainer.global_rank}.pt")
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    main()
