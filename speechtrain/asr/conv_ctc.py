@@ -164,14 +164,28 @@ class ConvCTCModel(SpeechModel):
             texts.append(self.tokenizer.decode([i for i in ids if i != self.blank]))
         return texts
 
+    # The Megatron bridge's step contract (speechtrain.lightning.megatron_parallel): one pipeline stage.
+    def set_input_tensor(self, tensors: list[torch.Tensor | None]) -> None:
+        if any(t is not None for t in tensors):
+            raise ValueError("ConvCTCModel has a single pipeline stage: use pipeline_model_parallel_size=1.")
+
+    def forward_step(self, batch: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+        """(log_probs (B, F', V+1), output lengths (B,)) of a batch."""
+        return self(batch["audio"], batch["audio_lens"])
+
+    def loss_step(
+        self, batch: dict[str, Any], output: tuple[torch.Tensor, torch.Tensor]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Summed CTC loss and the number of target tokens (NeMo's ``mean_volume``: the ratio is the loss)."""
+        log_probs, lengths = output
+        return self.ctc_loss(log_probs, lengths, batch), batch["token_lens"].sum()
+
     def training_step(self, batch: dict[str, Any] | None, batch_idx: int) -> torch.Tensor | None:
         if batch is None:
             return None
-        log_probs, lengths = self(batch["audio"], batch["audio_lens"])
-        tokens = batch["token_lens"].sum()
-        loss = self.ctc_loss(log_probs, lengths, batch) / tokens.clamp(min=1)
+        loss_sum, tokens = self.loss_step(batch, self.forward_step(batch))
+        loss = loss_sum / tokens.clamp(min=1)
         self.log("train_loss", loss, prog_bar=True, batch_size=len(batch["ids"]))
-        self.log("audio_seconds", batch["audio_lens"].sum() / self.cfg.sample_rate, reduce_fx="sum", batch_size=1)
         return loss
 
     def on_validation_epoch_start(self) -> None:
@@ -194,8 +208,9 @@ class ConvCTCModel(SpeechModel):
         if self.trainer.world_size > 1:
             sums = self.trainer.strategy.reduce(sums.to(self.device), reduce_op="sum").cpu()
         loss_sum, tokens, errors, words = sums.tolist()
-        self.log("val_loss", loss_sum / max(tokens, 1.0), prog_bar=True, sync_dist=False)
-        self.log("val_wer", errors / max(words, 1.0), prog_bar=True, sync_dist=False)
+        # Already summed over data-parallel ranks; sync_dist only averages identical values.
+        self.log("val_loss", loss_sum / max(tokens, 1.0), prog_bar=True, sync_dist=True)
+        self.log("val_wer", errors / max(words, 1.0), prog_bar=True, sync_dist=True)
 
     # ------------------------------------------------------------------------------------------------ data
     def setup_data(self, stage: str) -> None:

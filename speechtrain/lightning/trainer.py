@@ -2,9 +2,11 @@
 
 import copy
 import datetime
+import difflib
 import importlib
 import inspect
 import logging
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -87,6 +89,24 @@ def _from_plain(value: Any) -> Any:
     return cls(**kwargs)
 
 
+def megatron_strategy_from_config(config: Mapping[str, Any]) -> pl.strategies.Strategy:
+    """``trainer.strategy`` given as a mapping (YAML) is the Megatron bridge with those arguments."""
+    from speechtrain.lightning.strategy import MegatronStrategy
+
+    allowed = [p for p in inspect.signature(MegatronStrategy.__init__).parameters if p not in ("self", "kwargs")]
+    allowed += [p for p in inspect.signature(pl.strategies.DDPStrategy.__init__).parameters if p not in ("self",)]
+    unknown = [key for key in config if key not in allowed]
+    if unknown:
+        hints = []
+        for key in unknown:
+            guess = difflib.get_close_matches(str(key), allowed, n=1, cutoff=0.6)
+            hints.append(
+                f"Unknown config key 'trainer.strategy.{key}'." + (f" Did you mean '{guess[0]}'?" if guess else "")
+            )
+        raise ValueError("\n".join(hints))
+    return MegatronStrategy(**dict(config))
+
+
 class _EventfulCheckpointConnector(_CheckpointConnector):
     """Lightning's checkpoint restore, announced as ``on_load_checkpoint_start`` / ``_end`` lifecycle events."""
 
@@ -127,6 +147,8 @@ class Trainer(pl.Trainer):
         arguments = dict(bound.arguments)
         arguments.pop("self")
         self.init_args: dict[str, Any] = _snapshot(arguments)
+        if isinstance(kwargs.get("strategy"), Mapping):
+            kwargs["strategy"] = megatron_strategy_from_config(kwargs["strategy"])
         CallbackGroup.get_instance().on_app_start()
         super().__init__(*args, **kwargs)
         self._checkpoint_connector = _EventfulCheckpointConnector(self)

@@ -1,0 +1,124 @@
+"""The Megatron bridge reproduces one plain process: TP, PP, DP and TPxPP runs of the toy transformer, over 5
+Adam steps with gradient clipping, give the same losses and final weights (1e-5 relative). Real processes,
+launched with torchrun, talking gloo."""
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+JOB = Path(__file__).with_name("parallel_job.py")
+TOLERANCE = 1e-5
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "OMP_NUM_THREADS": "1"}
+
+
+def run_job(out: Path, nproc: int, *args: str) -> Path:
+    """One job under torchrun (or one plain process when nproc == 0); returns its output folder."""
+    if nproc == 0:
+        command = [sys.executable, str(JOB), "--plain", "--out", str(out), *args]
+    else:
+        command = [
+            sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
+            f"--master_port={_free_port()}", str(JOB), "--devices", str(nproc), "--out", str(out), *args,
+        ]  # fmt: skip
+    result = subprocess.run(command, env=_env(), capture_output=True, text=True, timeout=240, check=False)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
+    return out
+
+
+def assemble(out: Path) -> tuple[list[float], dict[str, torch.Tensor]]:
+    """Losses and full weights of a run: tensor-parallel shards concatenated, pipeline stages merged."""
+    records = [torch.load(p, weights_only=False) for p in sorted(out.glob("rank*.pt"))]
+    weights = {}
+    for name in sorted({n for r in records for n in r["params"]}):
+        shards = sorted(
+            (r["tp_rank"], r["params"][name]) for r in records if r["dp_rank"] == 0 and name in r["params"]
+        )
+        dim = shards[0][1][1]
+        weights[name] = shards[0][1][0] if dim is None else torch.cat([t for _, (t, _) in shards], dim=dim)
+    losses = {tuple(r["losses"]) for r in records}
+    assert len(losses) == 1, f"ranks disagree on the loss: {losses}"
+    return list(losses.pop()), weights
+
+
+def assert_same_run(actual: Path, expected: Path) -> None:
+    losses, weights = assemble(actual)
+    ref_losses, ref_weights = assemble(expected)
+    assert len(losses) == 5
+    torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref_losses), rtol=TOLERANCE, atol=0)
+    assert weights.keys() == ref_weights.keys()
+    for name, tensor in weights.items():
+        relative = ((tensor - ref_weights[name]).norm() / ref_weights[name].norm()).item()
+        assert relative < TOLERANCE, f"{name}: relative difference {relative:.2e}"
+    moved = [n for n in weights if "norm" in n and not torch.allclose(weights[n], torch.ones_like(weights[n]))]
+    assert moved, "the optimizer never updated the weights"
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    return run_job(tmp_path_factory.mktemp("plain"), 0)
+
+
+LAYOUTS = {
+    "tp2": (2, ["--tp", "2"]),
+    "dp2": (2, []),
+    "pp2-microbatches": (2, ["--pp", "2", "--micro-batch-size", "2"]),
+    "tp2xpp2": (4, ["--tp", "2", "--pp", "2", "--micro-batch-size", "4"]),
+    "single-rank-bridge": (1, ["--micro-batch-size", "4"]),
+}
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_layout_matches_single_process(layout, reference, tmp_path):
+    nproc, args = LAYOUTS[layout]
+    assert_same_run(run_job(tmp_path / layout, nproc, *args), reference)
+
+
+@pytest.mark.multiprocess
+def test_two_nodes_on_localhost_match_single_process(reference, tmp_path):
+    """torchrun --nnodes=2 on one machine, one process per "node", data parallel across nodes."""
+    port = _free_port()
+    nodes = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--nnodes=2",
+                f"--node_rank={node}",
+                "--nproc_per_node=1",
+                "--master_addr=127.0.0.1",
+                f"--master_port={port}",
+                str(JOB),
+                "--devices",
+                "1",
+                "--num-nodes",
+                "2",
+                "--out",
+                str(tmp_path / "nodes"),
+            ],  # fmt: skip
+            env=_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for node in (0, 1)
+    ]
+    for process in nodes:
+        _, stderr = process.communicate(timeout=240)
+        assert process.returncode == 0, stderr[-6000:]
+    assert_same_run(tmp_path / "nodes", reference)
