@@ -90,7 +90,8 @@ class MegatronStrategy(DDPStrategy):
             raise ValueError(
                 f"trainer.devices x trainer.num_nodes = {self.num_processes} x {self.num_nodes} = {world} processes "
                 f"cannot be split into model replicas of tensor_model_parallel_size "
-                f"({self.tensor_model_parallel_size}) x pipeline_model_parallel_size ({self.pipeline_model_parallel_size}) = {model_parallel} processes. "
+                f"({self.tensor_model_parallel_size}) x pipeline_model_parallel_size "
+                f"({self.pipeline_model_parallel_size}) = {model_parallel} processes. "
                 f"Use a multiple of {model_parallel} processes, or smaller parallel sizes."
             )
 
