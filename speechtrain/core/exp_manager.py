@@ -188,7 +188,7 @@ def exp_manager(
     version = cfg.version
     if cfg.resume_from_checkpoint:
         resume_path = Path(cfg.resume_from_checkpoint)
-        if not resume_path.is_file():
+        if not resume_path.exists():
             raise FileNotFoundError(f"exp_manager.resume_from_checkpoint: no checkpoint at {resume_path}.")
     elif cfg.resume_if_exists:
         resume_path = find_last_checkpoint(run_root)

@@ -29,6 +29,8 @@ from speechtrain.core.archive import read_archive, write_archive
 from speechtrain.core.config import to_plain, validate_config
 from speechtrain.core.optim import OptimConfig, build_optimizer, build_scheduler
 from speechtrain.lightning import CallbackGroup, Trainer, hook_class_init_with_callbacks, settings
+from speechtrain.lightning.checkpoint import gather_full_state_dict
+from speechtrain.lightning.megatron_compat import rng_tracker_states, set_rng_tracker_states
 
 logger = logging.getLogger(__name__)
 
@@ -90,6 +92,7 @@ def _load_source_state_dict(source: "str | Path | SpeechModel | dict[str, torch.
 def _rng_state() -> dict[str, Any]:
     numpy_state = np.random.get_state()
     return {
+        "model_parallel": rng_tracker_states(),
         "torch": torch.get_rng_state(),
         "python": list(random.getstate()[1]),
         "python_gauss": random.getstate()[2],
@@ -101,6 +104,8 @@ def _rng_state() -> dict[str, Any]:
 
 def _set_rng_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
+    if state.get("model_parallel"):
+        set_rng_tracker_states(state["model_parallel"])
     random.setstate((3, tuple(state["python"]), state["python_gauss"]))
     has_gauss, gauss = state["numpy_gauss"]
     np.random.set_state(("MT19937", state["numpy"].numpy().astype(np.uint32), state["numpy_pos"], has_gauss, gauss))
@@ -144,15 +149,18 @@ class SpeechModel(pl.LightningModule):
     def save_to(self, path: str | Path) -> Path:
         """Write this model (config, weights, artifacts, trainer config if any) to one archive file.
 
-        In a distributed run only global rank 0 writes.
+        The archive holds the full weights whatever the parallel layout (tensor-parallel shards are joined and
+        pipeline stages merged), so it restores in any layout. In a distributed run every rank must call this;
+        global rank 0 writes.
         """
         path = Path(path)
+        state_dict = gather_full_state_dict(self)  # collective under model parallelism: every rank takes part
         trainer = self._trainer
         if trainer is not None and not trainer.is_global_zero:
             return path
         config = {TARGET_KEY: f"{type(self).__module__}.{type(self).__qualname__}", **to_plain(self.cfg)}
         trainer_config = trainer.to_config() if isinstance(trainer, Trainer) else None
-        return write_archive(path, config, self.state_dict(), self._artifacts, trainer_config)
+        return write_archive(path, config, state_dict, self._artifacts, trainer_config)
 
     @classmethod
     def restore_from(

@@ -12,6 +12,7 @@ from typing import Any
 import torch
 from lightning.pytorch.strategies import DDPStrategy
 
+from speechtrain.lightning import checkpoint as sharded
 from speechtrain.lightning import parallel_state
 from speechtrain.lightning.megatron_compat import import_megatron, model_parallel_manual_seed
 from speechtrain.lightning.megatron_parallel import MegatronParallel
@@ -103,6 +104,12 @@ class MegatronStrategy(DDPStrategy):
         import_megatron()
         from megatron.core import parallel_state as mpu
 
+        layout = (self.tensor_model_parallel_size, self.pipeline_model_parallel_size)
+        if mpu.model_parallel_is_initialized() and layout != (
+            mpu.get_tensor_model_parallel_world_size(),
+            mpu.get_pipeline_model_parallel_world_size(),
+        ):
+            mpu.destroy_model_parallel()
         if not mpu.model_parallel_is_initialized():
             mpu.initialize_model_parallel(
                 tensor_model_parallel_size=self.tensor_model_parallel_size,
@@ -170,11 +177,20 @@ class MegatronStrategy(DDPStrategy):
             group = parallel_state.data_parallel_group()
         return super().reduce(tensor, group=group, reduce_op=reduce_op)
 
+    # ---------------------------------------------------------------------------------------------- checkpoints
+    def save_checkpoint(self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any = None) -> None:
+        """One shard per model-parallel rank, written atomically (see :mod:`speechtrain.lightning.checkpoint`)."""
+        sharded.save_checkpoint(checkpoint, filepath)
+
+    def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:
+        return sharded.load_checkpoint(checkpoint_path, weights_only=True if weights_only is None else weights_only)
+
+    def remove_checkpoint(self, filepath: Any) -> None:
+        sharded.remove_checkpoint(filepath)
+
     def teardown(self) -> None:
+        """Keeps the parallel state (and process group) alive, so that the sharded model can still be saved or
+        evaluated after ``fit``; :func:`speechtrain.lightning.teardown` releases them."""
         if self.lightning_module is not None:
             self.lightning_module.__dict__.pop("optimizer_zero_grad", None)
         super().teardown()
-        from megatron.core import parallel_state as mpu
-
-        if mpu.model_parallel_is_initialized():
-            mpu.destroy_model_parallel()

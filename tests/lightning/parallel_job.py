@@ -4,10 +4,12 @@ per-step losses and its (sharded) final weights."""
 
 import argparse
 import os
+import signal
 from pathlib import Path
 
 import lightning.pytorch as pl
 import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
 
 from speechtrain.lightning import MegatronStrategy, Trainer, parallel_state
 from speechtrain.testing.toy_models import ToyTransformerRegressor
@@ -29,6 +31,17 @@ class RecordLosses(pl.Callback):
         }
 
 
+class KillAt(pl.Callback):
+    """Dies like a preempted job (SIGKILL, no clean-up) once ``step`` optimizer steps are done."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        if trainer.global_step == self.step:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True)
@@ -41,6 +54,11 @@ def main() -> None:
     parser.add_argument("--global-batch", type=int, default=8)
     parser.add_argument("--micro-batch-size", type=int, default=None)
     parser.add_argument("--precision", default="32")
+    parser.add_argument("--ckpt-dir", help="save a checkpoint every --save-every steps here")
+    parser.add_argument("--save-every", type=int, default=2)
+    parser.add_argument("--kill-at", type=int, help="SIGKILL every rank when this many steps are done")
+    parser.add_argument("--resume", help="checkpoint to resume from")
+    parser.add_argument("--archive", help="save the trained model here (.stm) after fit")
     args = parser.parse_args()
 
     torch.set_num_threads(1)
@@ -55,6 +73,15 @@ def main() -> None:
         )
     )
     recorder = RecordLosses()
+    callbacks = [recorder]
+    if args.ckpt_dir:
+        callbacks.append(
+            ModelCheckpoint(
+                dirpath=args.ckpt_dir, filename="{step}", every_n_train_steps=args.save_every, save_top_k=-1
+            )
+        )
+    if args.kill_at:
+        callbacks.append(KillAt(args.kill_at))
     trainer = Trainer(
         accelerator="cpu",
         devices=args.devices,
@@ -64,15 +91,15 @@ def main() -> None:
         max_steps=args.steps,
         gradient_clip_val=0.05,
         logger=False,
-        enable_checkpointing=False,
+        enable_checkpointing=bool(args.ckpt_dir),
         enable_progress_bar=False,
         enable_model_summary=False,
         limit_val_batches=0,
-        callbacks=[recorder],
+        callbacks=callbacks,
     )
     dp = (args.devices * args.num_nodes) // (args.tp * args.pp)
     model = ToyTransformerRegressor({"batch_size": args.global_batch // dp})  # layers built in configure_model
-    trainer.fit(model)
+    trainer.fit(model, ckpt_path=args.resume)
     params = {
         name: (
             p.detach().clone(),
@@ -81,6 +108,8 @@ def main() -> None:
         for name, p in model.named_parameters()
     }
     record = {"losses": recorder.losses, "params": params, **recorder.ranks}
+    if args.archive:
+        model.save_to(args.archive)
     Path(args.out).mkdir(parents=True, exist_ok=True)
     torch.save(record, Path(args.out) / f"rank{trainer.global_rank}.pt")
 

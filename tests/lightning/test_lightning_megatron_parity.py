@@ -122,3 +122,69 @@ def test_two_nodes_on_localhost_match_single_process(reference, tmp_path):
         _, stderr = process.communicate(timeout=240)
         assert process.returncode == 0, stderr[-6000:]
     assert_same_run(tmp_path / "nodes", reference)
+
+
+@pytest.mark.multiprocess
+def test_tp2_run_killed_and_resumed_equals_uninterrupted_run(tmp_path):
+    common = ["--tp", "2", "--global-batch", "16", "--steps", "6"]  # 4 steps per epoch
+    straight = run_job(tmp_path / "straight", 2, *common)
+    ckpt = tmp_path / "ckpt"
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={_free_port()}",
+        str(JOB), "--devices", "2", *common, "--ckpt-dir", str(ckpt), "--save-every", "4", "--kill-at", "4",
+        "--out", str(tmp_path / "killed"),
+    ]  # fmt: skip
+    killed = subprocess.run(command, env=_env(), capture_output=True, text=True, timeout=240, check=False)
+    assert killed.returncode != 0 and not (tmp_path / "killed").exists(), "the job should have been killed"
+    saved = ckpt / "step=4.ckpt"
+    assert sorted(p.name for p in saved.iterdir()) == ["metadata.json", "tp00_pp000.ckpt", "tp01_pp000.ckpt"]
+
+    resumed = run_job(tmp_path / "resumed", 2, *common, "--resume", str(saved))
+    full_losses, full_weights = assemble(straight)
+    losses, weights = assemble(resumed)
+    assert losses == full_losses[4:]
+    for name, tensor in weights.items():
+        torch.testing.assert_close(tensor, full_weights[name], rtol=0, atol=0, msg=name)
+
+    # The same checkpoint under another layout is refused with the reason.
+    other = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node=2",
+            f"--master_port={_free_port()}",
+            str(JOB),
+            "--devices",
+            "2",
+            "--global-batch",
+            "16",
+            "--steps",
+            "6",
+            "--resume",
+            str(saved),
+            "--out",
+            str(tmp_path / "other"),
+        ],  # fmt: skip
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+    assert other.returncode != 0
+    assert "was saved with tensor_model_parallel_size=2" in other.stderr
+
+
+@pytest.mark.multiprocess
+def test_archive_of_a_tp2xpp2_run_holds_full_weights_and_restores_in_one_process(tmp_path):
+    archive = tmp_path / "toy.stm"
+    out = run_job(tmp_path / "run", 4, "--tp", "2", "--pp", "2", "--micro-batch-size", "4", "--archive", str(archive))
+    _, weights = assemble(out)
+    from speechtrain.core.model import SpeechModel
+
+    restored = SpeechModel.restore_from(archive)
+    state = restored.state_dict()
+    assert state.keys() == weights.keys()
+    for name, tensor in weights.items():
+        torch.testing.assert_close(state[name], tensor, rtol=0, atol=0, msg=name)

@@ -1,0 +1,142 @@
+"""Checkpoint files of the Megatron bridge: one shard per model-parallel rank, written atomically.
+
+Without model parallelism a checkpoint is one file, as in Lightning. With TP x PP > 1 it is a folder::
+
+    <name>.ckpt/
+        tp00_pp000.ckpt ...    model + optimizer state of each (tensor, pipeline) rank (data-parallel rank 0)
+        metadata.json          the layout; written last, so a folder without it is an interrupted save
+
+Every save goes to ``<name>.ckpt.partial`` first and is renamed into place only when complete, so a crash never
+leaves a checkpoint that looks whole; an older checkpoint of the same name survives until the new one is ready.
+"""
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from speechtrain.lightning import parallel_state
+
+FORMAT = "speechtrain-sharded-checkpoint"
+METADATA = "metadata.json"
+
+
+def _barrier() -> None:
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.barrier()
+
+
+def _is_global_zero() -> bool:
+    return not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0
+
+
+def _shard_name(tp_rank: int, pp_rank: int) -> str:
+    return f"tp{tp_rank:02d}_pp{pp_rank:03d}.ckpt"
+
+
+def _replace(tmp: Path, path: Path) -> None:
+    """Move ``tmp`` to ``path``; an existing ``path`` is removed only once ``tmp`` is in place."""
+    old = path.with_name(path.name + ".old")
+    if path.exists():
+        if old.exists():
+            shutil.rmtree(old) if old.is_dir() else old.unlink()
+        os.replace(path, old)
+    os.replace(tmp, path)
+    if old.exists():
+        shutil.rmtree(old) if old.is_dir() else old.unlink()
+
+
+def save_checkpoint(checkpoint: dict[str, Any], path: str | os.PathLike) -> None:
+    """Write ``checkpoint`` (each rank's own) atomically; a collective call on all ranks."""
+    path = Path(path)
+    tp, pp = parallel_state.tensor_parallel_world_size(), parallel_state.pipeline_parallel_world_size()
+    tmp = path.with_name(path.name + ".partial")
+    if tp * pp == 1:
+        if _is_global_zero():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            torch.save(checkpoint, tmp)
+            _replace(tmp, path)
+        _barrier()
+        return
+    if _is_global_zero():
+        if tmp.exists():
+            shutil.rmtree(tmp) if tmp.is_dir() else tmp.unlink()
+        tmp.mkdir(parents=True)
+    _barrier()
+    if parallel_state.data_parallel_rank() == 0:
+        shard = tmp / _shard_name(parallel_state.tensor_parallel_rank(), parallel_state.pipeline_parallel_rank())
+        torch.save(checkpoint, shard)
+    _barrier()
+    if _is_global_zero():
+        expected = {_shard_name(t, p) for t in range(tp) for p in range(pp)}
+        missing = expected - {f.name for f in tmp.iterdir()}
+        if missing:
+            raise RuntimeError(f"Checkpoint {path}: shards {sorted(missing)} were not written.")
+        (tmp / METADATA).write_text(
+            json.dumps({"format": FORMAT, "tensor_model_parallel_size": tp, "pipeline_model_parallel_size": pp})
+        )
+        _replace(tmp, path)
+    _barrier()
+
+
+def load_checkpoint(path: str | os.PathLike, weights_only: bool = True) -> dict[str, Any]:
+    """This rank's part of a checkpoint written by :func:`save_checkpoint` (or a plain Lightning file).
+
+    Raises:
+        ValueError: the folder is an interrupted save, or was written with another TP/PP layout.
+    """
+    path = Path(path)
+    if path.is_file():
+        return torch.load(path, map_location="cpu", weights_only=weights_only)
+    metadata_file = path / METADATA
+    if not metadata_file.is_file():
+        raise ValueError(f"Checkpoint {path} is incomplete (no {METADATA}): its save was interrupted.")
+    metadata = json.loads(metadata_file.read_text())
+    saved = (metadata["tensor_model_parallel_size"], metadata["pipeline_model_parallel_size"])
+    current = (parallel_state.tensor_parallel_world_size(), parallel_state.pipeline_parallel_world_size())
+    if saved != current:
+        raise ValueError(
+            f"Checkpoint {path} was saved with tensor_model_parallel_size={saved[0]}, "
+            f"pipeline_model_parallel_size={saved[1]}; this run uses {current[0]} and {current[1]}. Resume with the "
+            "same layout, or start a new run from the model archive (.stm), which holds the full weights and "
+            "loads under any layout."
+        )
+    shard = path / _shard_name(parallel_state.tensor_parallel_rank(), parallel_state.pipeline_parallel_rank())
+    return torch.load(shard, map_location="cpu", weights_only=weights_only)
+
+
+def remove_checkpoint(path: str | os.PathLike) -> None:
+    """Delete a checkpoint file or folder (global rank 0)."""
+    path = Path(path)
+    if _is_global_zero() and path.exists():
+        shutil.rmtree(path) if path.is_dir() else path.unlink()
+
+
+def gather_full_state_dict(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The whole model's state dict on every rank: tensor-parallel shards joined, pipeline stages merged.
+
+    A collective call on all ranks. Entries that are not tensors (Megatron layers' empty ``_extra_state``) are left
+    out, so the result has the keys of the same model built without Megatron.
+    """
+    state = {name: value for name, value in module.state_dict().items() if isinstance(value, torch.Tensor)}
+    tp_group, pp_group = parallel_state.tensor_parallel_group(), parallel_state.pipeline_parallel_group()
+    tp, pp = parallel_state.tensor_parallel_world_size(), parallel_state.pipeline_parallel_world_size()
+    if tp * pp == 1:
+        return state
+    params = dict(module.named_parameters())
+    full: dict[str, torch.Tensor] = {}
+    for name, tensor in state.items():
+        param = params.get(name)
+        if tp > 1 and param is not None and getattr(param, "tensor_model_parallel", False):
+            pieces = [torch.empty_like(tensor) for _ in range(tp)]
+            torch.distributed.all_gather(pieces, tensor.contiguous(), group=tp_group)
+            tensor = torch.cat(pieces, dim=param.partition_dim)
+        full[name] = tensor.detach().cpu()
+    if pp > 1:
+        stages: list[dict[str, torch.Tensor] | None] = [None] * pp
+        torch.distributed.all_gather_object(stages, full, group=pp_group)
+        full = {name: tensor for stage in stages for name, tensor in stage.items()}
+    return full
