@@ -2,8 +2,8 @@
 
 ``ColumnParallelLinear`` splits the output features over the tensor-parallel ranks; ``RowParallelLinear``
 splits the input features and all-reduces the partial products. Under TP=1 or without Megatron both are an
-ordinary affine map with parameters ``weight`` (out, in) and ``bias`` (out,): state dicts of both paths have
-the same keys.
+ordinary affine map with parameters ``weight`` (out, in) and ``bias`` (out,); Megatron's layers are used only for
+TP > 1. State dicts of both paths have the same keys.
 """
 
 from collections.abc import Callable
@@ -77,7 +77,7 @@ class ColumnParallelLinear(torch.nn.Module):
         if out_features % tp:
             raise ValueError(f"out_features={out_features} is not divisible by tensor_model_parallel_size={tp}.")
         self.out_features_per_rank = out_features // tp
-        if parallel_state.is_initialized():
+        if tp > 1:  # at TP=1 Megatron's layer is the same affine map, with a slower backward
             from megatron.core import tensor_parallel
 
             self.linear = tensor_parallel.ColumnParallelLinear(
@@ -120,7 +120,7 @@ class RowParallelLinear(torch.nn.Module):
         tp = parallel_state.tensor_parallel_world_size()
         if in_features % tp:
             raise ValueError(f"in_features={in_features} is not divisible by tensor_model_parallel_size={tp}.")
-        if parallel_state.is_initialized():
+        if tp > 1:  # at TP=1 Megatron's layer is the same affine map, with a slower backward
             from megatron.core import tensor_parallel
 
             self.linear = tensor_parallel.RowParallelLinear(

@@ -188,3 +188,11 @@ def test_archive_of_a_tp2xpp2_run_holds_full_weights_and_restores_in_one_process
     assert state.keys() == weights.keys()
     for name, tensor in weights.items():
         torch.testing.assert_close(state[name], tensor, rtol=0, atol=0, msg=name)
+
+
+@pytest.mark.multiprocess
+def test_bf16_mixed_trains_on_cpu_close_to_fp32(reference, tmp_path):
+    losses, weights = assemble(run_job(tmp_path / "bf16", 2, "--tp", "2", "--precision", "bf16-mixed"))
+    ref_losses, _ = assemble(reference)
+    torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref_losses), rtol=3e-2, atol=0)
+    assert all(t.dtype == torch.float32 for t in weights.values()), "bf16-mixed keeps fp32 master weights"

@@ -139,3 +139,11 @@ def test_trainer_builds_the_bridge_from_a_config_mapping():
     assert trainer.to_config()["strategy"] == {"tensor_model_parallel_size": 1, "micro_batch_size": 4}
     with pytest.raises(ValueError, match="Did you mean 'tensor_model_parallel_size'"):
         Trainer(accelerator="cpu", devices=1, strategy={"tensor_model_paralel_size": 2}, logger=False)
+
+
+def test_get_vocab_size_reads_the_strategy_and_the_live_parallel_state(monkeypatch):
+    from speechtrain.lightning import get_vocab_size
+
+    assert get_vocab_size(MegatronStrategy(tensor_model_parallel_size=2), 1025) == 1280
+    monkeypatch.setattr(parallel_state, "tensor_parallel_world_size", lambda: 4)
+    assert get_vocab_size(None, 1025) == 1536  # 3 x (128 x 4)
