@@ -1,6 +1,9 @@
 """Multi-head attention, feed-forward and a pre-norm transformer block, sharded over attention heads and the
 feed-forward width under tensor parallelism. Tensors are batch-first: (B, T, D)."""
 
+import contextlib
+import math
+
 import torch
 import torch.nn.functional as F
 
@@ -16,16 +19,38 @@ def _model_parallel_rng():  # noqa: ANN202
     return model_parallel_rng()
 
 
+def relative_positions(length: int, d_model: int, device: torch.device | None = None) -> torch.Tensor:
+    """Sinusoidal encodings of the relative distances ``length - 1, ..., 0, ..., -(length - 1)``: (2T-1, D)."""
+    distances = torch.arange(length - 1, -length, -1, device=device, dtype=torch.float32)[:, None]  # (2T-1, 1)
+    frequencies = torch.exp(torch.arange(0, d_model, 2, device=device) * (-math.log(10000.0) / d_model))
+    encoding = torch.zeros(2 * length - 1, d_model, device=device)
+    encoding[:, 0::2] = torch.sin(distances * frequencies)
+    encoding[:, 1::2] = torch.cos(distances * frequencies)
+    return encoding
+
+
+def _relative_shift(scores: torch.Tensor) -> torch.Tensor:
+    """(B, h, T, 2T-1) scores against distances ``T-1 .. -(T-1)`` -> (B, h, T, T) scores of key j for query i."""
+    batch, heads, time, positions = scores.shape
+    scores = F.pad(scores, (1, 0))  # (B, h, T, 2T)
+    scores = scores.view(batch, heads, positions + 1, time)[:, :, 1:].view(batch, heads, time, positions)
+    return scores[..., :time]
+
+
 class MultiHeadAttention(torch.nn.Module):
     """Scaled dot-product self-attention; each tensor-parallel rank owns ``num_heads / TP`` heads.
+
+    With ``relative_positions`` it is Transformer-XL's attention (as in the Conformer): content and position
+    terms with learned biases ``u`` and ``v`` per head, over sinusoidal encodings of relative distances.
 
     Args:
         d_model: model width.
         num_heads: attention heads (divisible by the TP size).
         dropout: dropout on attention probabilities (drawn from the model-parallel RNG stream under TP).
+        relative_positions: add the relative-position terms.
     """
 
-    def __init__(self, d_model: int, num_heads: int, dropout: float = 0.0) -> None:
+    def __init__(self, d_model: int, num_heads: int, dropout: float = 0.0, relative_positions: bool = False) -> None:
         super().__init__()
         tp = parallel_state.tensor_parallel_world_size()
         if d_model % num_heads:
@@ -35,6 +60,7 @@ class MultiHeadAttention(torch.nn.Module):
                 f"num_heads={num_heads} is not divisible by tensor_model_parallel_size={tp}; choose a TP size "
                 f"that divides the number of heads."
             )
+        self.d_model = d_model
         self.local_heads = num_heads // tp
         self.head_dim = d_model // num_heads
         self.dropout = dropout
@@ -44,6 +70,28 @@ class MultiHeadAttention(torch.nn.Module):
         self.key = ColumnParallelLinear(d_model, d_model, bias=False)
         self.value = ColumnParallelLinear(d_model, d_model)
         self.out = RowParallelLinear(d_model, d_model, input_is_parallel=True)
+        self.relative_positions = relative_positions
+        if relative_positions:
+            self.position = ColumnParallelLinear(d_model, d_model, bias=False)
+            # Zero-initialised, so identical in every layout; each rank holds its own heads' rows.
+            self.pos_bias_u = torch.nn.Parameter(torch.zeros(self.local_heads, self.head_dim))
+            self.pos_bias_v = torch.nn.Parameter(torch.zeros(self.local_heads, self.head_dim))
+            if tp > 1:
+                for bias in (self.pos_bias_u, self.pos_bias_v):
+                    bias.tensor_model_parallel, bias.partition_dim, bias.partition_stride = True, 0, 1
+
+    def _relative_scores(self, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+        """(B, h, T, T) content + position scores, scaled. q, k: (B, h, T, d)."""
+        time = q.shape[2]
+        encoding = relative_positions(time, self.d_model, q.device).to(q.dtype)
+        p = self.position(encoding).view(2 * time - 1, self.local_heads, self.head_dim).transpose(0, 1)  # (h, 2T-1, d)
+        content = (q + self.pos_bias_u[None, :, None, :]) @ k.transpose(-1, -2)  # (B, h, T, T)
+        position = _relative_shift((q + self.pos_bias_v[None, :, None, :]) @ p.transpose(-1, -2)[None])
+        return (content + position) / math.sqrt(self.head_dim)
+
+    @staticmethod
+    def _tp() -> int:
+        return parallel_state.tensor_parallel_world_size()
 
     def forward(self, x: torch.Tensor, pad_mask: torch.Tensor | None = None) -> torch.Tensor:
         """Attend.
@@ -63,11 +111,15 @@ class MultiHeadAttention(torch.nn.Module):
         q, k, v = heads(self.query(x)), heads(self.key(x)), heads(self.value(x))
         mask = None if pad_mask is None else ~pad_mask[:, None, None, :]  # (B, 1, 1, T): True = may attend
         dropout = self.dropout if self.training else 0.0
-        if dropout > 0 and parallel_state.tensor_parallel_world_size() > 1:
-            with _model_parallel_rng():
+        rng = _model_parallel_rng() if dropout > 0 and self._tp() > 1 else contextlib.nullcontext()
+        with rng:
+            if self.relative_positions:
+                scores = self._relative_scores(q, k)
+                if mask is not None:
+                    scores = scores.masked_fill(~mask, float("-inf"))
+                y = F.dropout(scores.softmax(dim=-1), dropout) @ v  # (B, h, T, d)
+            else:
                 y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout)
-        else:
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout)
         y = y.transpose(1, 2).reshape(batch, time, self.local_heads * self.head_dim)  # (B, h, T, d) -> (B, T, h*d)
         return self.out(y)
 
@@ -105,6 +157,7 @@ class TransformerBlock(torch.nn.Module):
         dropout: residual and feed-forward dropout.
         attention_dropout: dropout on attention probabilities.
         activation: feed-forward activation.
+        relative_positions: Transformer-XL relative-position attention.
     """
 
     def __init__(
@@ -115,10 +168,11 @@ class TransformerBlock(torch.nn.Module):
         dropout: float = 0.0,
         attention_dropout: float = 0.0,
         activation: str = "gelu",
+        relative_positions: bool = False,
     ) -> None:
         super().__init__()
         self.attn_norm = torch.nn.LayerNorm(d_model)
-        self.attention = MultiHeadAttention(d_model, num_heads, attention_dropout)
+        self.attention = MultiHeadAttention(d_model, num_heads, attention_dropout, relative_positions)
         self.ff_norm = torch.nn.LayerNorm(d_model)
         self.feed_forward = FeedForward(d_model, d_ff, activation, dropout)
         self.dropout = torch.nn.Dropout(dropout)

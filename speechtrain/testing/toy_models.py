@@ -39,6 +39,7 @@ class ToyConfig:
     d_ff: int = 32
     num_layers: int = 4
     dropout: float = 0.0
+    relative_positions: bool = False
     seed: int = 0
     num_samples: int = 64
     max_frames: int = 12
@@ -84,7 +85,13 @@ class ToyTransformerRegressor(SpeechModel):
         blocks = {}
         for index in range(first, first + per_stage):
             with seeded(cfg.seed * 1000 + 1 + index):
-                blocks[str(index)] = TransformerBlock(cfg.d_model, cfg.num_heads, cfg.d_ff, dropout=cfg.dropout)
+                blocks[str(index)] = TransformerBlock(
+                    cfg.d_model,
+                    cfg.num_heads,
+                    cfg.d_ff,
+                    dropout=cfg.dropout,
+                    relative_positions=cfg.relative_positions,
+                )
         self.blocks = torch.nn.ModuleDict(blocks)
         if self.post_process:
             with seeded(cfg.seed * 1000 + 999):

@@ -59,6 +59,7 @@ def main() -> None:
     parser.add_argument("--kill-at", type=int, help="SIGKILL every rank when this many steps are done")
     parser.add_argument("--resume", help="checkpoint to resume from")
     parser.add_argument("--archive", help="save the trained model here (.stm) after fit")
+    parser.add_argument("--relative-positions", action="store_true")
     args = parser.parse_args()
 
     torch.set_num_threads(1)
@@ -98,7 +99,9 @@ def main() -> None:
         callbacks=callbacks,
     )
     dp = (args.devices * args.num_nodes) // (args.tp * args.pp)
-    model = ToyTransformerRegressor({"batch_size": args.global_batch // dp})  # layers built in configure_model
+    model = ToyTransformerRegressor(
+        {"batch_size": args.global_batch // dp, "relative_positions": args.relative_positions}
+    )  # layers built in configure_model
     trainer.fit(model, ckpt_path=args.resume)
     params = {
         name: (

@@ -54,7 +54,7 @@ def assemble(out: Path) -> tuple[list[float], dict[str, torch.Tensor]]:
     return list(losses.pop()), weights
 
 
-def assert_same_run(actual: Path, expected: Path) -> None:
+def assert_same_run(actual: Path, expected: Path, weight_tolerance: float = TOLERANCE) -> None:
     losses, weights = assemble(actual)
     ref_losses, ref_weights = assemble(expected)
     assert len(losses) == 5
@@ -62,7 +62,7 @@ def assert_same_run(actual: Path, expected: Path) -> None:
     assert weights.keys() == ref_weights.keys()
     for name, tensor in weights.items():
         relative = ((tensor - ref_weights[name]).norm() / ref_weights[name].norm()).item()
-        assert relative < TOLERANCE, f"{name}: relative difference {relative:.2e}"
+        assert relative < weight_tolerance, f"{name}: relative difference {relative:.2e}"
     moved = [n for n in weights if "norm" in n and not torch.allclose(weights[n], torch.ones_like(weights[n]))]
     assert moved, "the optimizer never updated the weights"
 
@@ -196,3 +196,12 @@ def test_bf16_mixed_trains_on_cpu_close_to_fp32(reference, tmp_path):
     ref_losses, _ = assemble(reference)
     torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref_losses), rtol=3e-2, atol=0)
     assert all(t.dtype == torch.float32 for t in weights.values()), "bf16-mixed keeps fp32 master weights"
+
+
+@pytest.mark.multiprocess
+def test_relative_position_attention_tp2_matches_single_process(tmp_path):
+    reference = run_job(tmp_path / "plain", 0, "--relative-positions")
+    # Losses agree within 1e-5. The low-frequency sinusoids are nearly constant across keys, and softmax ignores
+    # per-query constants, so parts of the position projection's gradient are rounding noise that Adam scales up
+    # to full steps (like a key bias): its weights agree to 1e-4.
+    assert_same_run(run_job(tmp_path / "tp2", 2, "--tp", "2", "--relative-positions"), reference, 1e-4)
