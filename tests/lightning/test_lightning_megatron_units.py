@@ -147,3 +147,18 @@ def test_get_vocab_size_reads_the_strategy_and_the_live_parallel_state(monkeypat
     assert get_vocab_size(MegatronStrategy(tensor_model_parallel_size=2), 1025) == 1280
     monkeypatch.setattr(parallel_state, "tensor_parallel_world_size", lambda: 4)
     assert get_vocab_size(None, 1025) == 1536  # 3 x (128 x 4)
+
+
+def test_grad_norm_counts_shared_and_duplicated_parameters_once(monkeypatch):
+    sharded, duplicated, shared = (torch.nn.Parameter(torch.zeros(1)) for _ in range(3))
+    sharded.tensor_model_parallel = True
+    shared.shared = True
+    for p, value in ((sharded, 3.0), (duplicated, 4.0), (shared, 12.0)):
+        p.grad = torch.full((1,), value)
+    params = [sharded, duplicated, shared]
+    assert grad_norm(params).item() == pytest.approx(13.0)  # sqrt(9 + 16 + 144): TP rank 0, first stage
+    monkeypatch.setattr(parallel_state, "tensor_parallel_rank", lambda: 1)
+    assert grad_norm(params).item() == pytest.approx((9 + 144) ** 0.5)  # the TP duplicate counts on rank 0 only
+    monkeypatch.setattr(parallel_state, "pipeline_parallel_rank", lambda: 1)
+    monkeypatch.setattr(parallel_state, "pipeline_parallel_world_size", lambda: 2)
+    assert grad_norm(params).item() == pytest.approx(3.0)  # a shared (tied) weight counts on its first stage only
