@@ -70,6 +70,11 @@ def reduce_gradients(module: torch.nn.Module, num_tokens: torch.Tensor) -> torch
     total = num_tokens.detach().to(torch.float64).reshape(())
     total = _all_reduce(total, parallel_state.pipeline_parallel_group())  # only the last stage counted tokens
     total = _all_reduce(total, parallel_state.data_parallel_group())
+    for p in module.parameters():
+        if p.requires_grad and p.grad is None:
+            # Every data-parallel rank must reduce the same list of tensors, even if a parameter got no gradient
+            # here (a skipped batch, a data-dependent branch).
+            p.grad = torch.zeros_like(p)
     grads = [p.grad for p in module.parameters() if p.grad is not None]
     by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
     for grad in grads:
@@ -156,6 +161,12 @@ class MegatronParallel:
         """
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
+        if batch is None:
+            # Every utterance of this rank's batch was unreadable (skipped and counted by the dataset). The rank
+            # still takes part in the collectives, contributing nothing.
+            if not forward_only:
+                self._global_tokens = reduce_gradients(self.module, torch.zeros((), dtype=torch.int))
+            return self._reduce_loss(torch.zeros(2, dtype=torch.float64))
         micro_batches = split_micro_batches(batch, self.micro_batch_size)
         results = get_forward_backward_func()(
             forward_step_func=self._forward_step,
@@ -169,6 +180,11 @@ class MegatronParallel:
         sums = torch.zeros(2, dtype=torch.float64)  # loss_sum, num_tokens; nonzero only on the last stage
         for item in results:
             sums += torch.stack([item["loss_sum"].double().reshape(()), item["num_tokens"].double().reshape(())])
+        return self._reduce_loss(sums)
+
+    @staticmethod
+    def _reduce_loss(sums: torch.Tensor) -> torch.Tensor:
+        """(loss_sum, num_tokens) of this rank -> the loss per token of the global batch, on every rank."""
         sums = _all_reduce(sums, parallel_state.pipeline_parallel_group())
         sums = _all_reduce(sums, parallel_state.data_parallel_group())
         return (sums[0] / sums[1].clamp(min=1)).float()

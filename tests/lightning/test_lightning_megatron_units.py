@@ -163,3 +163,35 @@ def test_grad_norm_counts_shared_and_duplicated_parameters_once(monkeypatch):
     monkeypatch.setattr(parallel_state, "pipeline_parallel_rank", lambda: 1)
     monkeypatch.setattr(parallel_state, "pipeline_parallel_world_size", lambda: 2)
     assert grad_norm(params).item() == pytest.approx(5.0)  # a shared (tied) weight counts on its first stage only
+
+
+def test_an_all_bad_batch_takes_part_in_the_collectives_with_nothing(tmp_path):
+    """A rank whose whole batch was unreadable (collate gave None) still reduces gradients and the loss."""
+    import subprocess
+    import sys
+
+    script = """
+import torch
+torch.distributed.init_process_group("gloo", init_method="tcp://127.0.0.1:{port}", rank=0, world_size=1)
+from speechtrain.lightning.megatron_compat import import_megatron
+import_megatron()
+from megatron.core import parallel_state as mpu
+mpu.initialize_model_parallel(1, 1)
+from speechtrain.lightning import MegatronParallel
+from speechtrain.testing.toy_models import ToyTransformerRegressor
+model = ToyTransformerRegressor({{}})
+model.configure_model()
+loss = MegatronParallel(model).run(None, forward_only=False)
+assert loss.item() == 0.0
+assert all(p.grad is not None and not p.grad.any() for p in model.parameters())
+print("ok")
+"""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    result = subprocess.run(
+        [sys.executable, "-c", script.format(port=port)], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr[-3000:]
