@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from speechtrain.lightning import parallel_state
+from speechtrain.lightning.grad_buckets import GradientBuckets
 from speechtrain.lightning.megatron_compat import import_megatron
 
 
@@ -65,28 +66,11 @@ def _all_reduce(tensor: torch.Tensor, group: Any) -> torch.Tensor:
     return tensor
 
 
-def reduce_gradients(module: torch.nn.Module, num_tokens: torch.Tensor) -> torch.Tensor:
-    """Sum gradients over data-parallel ranks and divide by the global token count; returns that count."""
-    total = num_tokens.detach().to(torch.float64).reshape(())
-    total = _all_reduce(total, parallel_state.pipeline_parallel_group())  # only the last stage counted tokens
-    total = _all_reduce(total, parallel_state.data_parallel_group())
-    for p in module.parameters():
-        if p.requires_grad and p.grad is None:
-            # Every data-parallel rank must reduce the same list of tensors, even if a parameter got no gradient
-            # here (a skipped batch, a data-dependent branch).
-            p.grad = torch.zeros_like(p)
-    grads = [p.grad for p in module.parameters() if p.grad is not None]
-    by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
-    for grad in grads:
-        by_dtype.setdefault(grad.dtype, []).append(grad)
-    dp_group = parallel_state.data_parallel_group()
-    for bucket in by_dtype.values():
-        flat = torch._utils._flatten_dense_tensors(bucket)
-        _all_reduce(flat, dp_group)
-        flat.div_(total.clamp(min=1).to(flat.dtype))
-        for grad, reduced in zip(bucket, torch._utils._unflatten_dense_tensors(flat, bucket)):
-            grad.copy_(reduced)
-    return total
+def global_token_count(num_tokens: torch.Tensor | None) -> torch.Tensor:
+    """The token count of the whole global batch (only the last pipeline stage counted; all ranks learn it)."""
+    total = torch.zeros((), dtype=torch.float64) if num_tokens is None else num_tokens.detach().double().reshape(())
+    total = _all_reduce(total, parallel_state.pipeline_parallel_group())
+    return _all_reduce(total, parallel_state.data_parallel_group())
 
 
 class MegatronParallel:
@@ -135,12 +119,13 @@ class MegatronParallel:
             finalize_model_grads_func=self._finalize_grads,
             grad_scale_func=grad_scale_func,
         )
+        self.buckets = GradientBuckets(module, parallel_state.data_parallel_group())
+        config.no_sync_func = self.buckets.no_sync
         module.config = config
         module.model_type = ModelType.encoder_or_decoder
-        self._global_tokens = torch.zeros(())
 
     def _finalize_grads(self, model: list[torch.nn.Module], num_tokens: torch.Tensor | None, **_: Any) -> None:
-        self._global_tokens = reduce_gradients(self.module, num_tokens)
+        self.buckets.finish(global_token_count(num_tokens))
 
     @staticmethod
     def _loss_func(module: torch.nn.Module, batch: Any, output: torch.Tensor) -> tuple:
@@ -165,9 +150,10 @@ class MegatronParallel:
             # Every utterance of this rank's batch was unreadable (skipped and counted by the dataset). The rank
             # still takes part in the collectives, contributing nothing.
             if not forward_only:
-                self._global_tokens = reduce_gradients(self.module, torch.zeros((), dtype=torch.int))
+                self.buckets.finish(global_token_count(None))
             return self._reduce_loss(torch.zeros(2, dtype=torch.float64))
         micro_batches = split_micro_batches(batch, self.micro_batch_size)
+        self.buckets.start()
         results = get_forward_backward_func()(
             forward_step_func=self._forward_step,
             data_iterator=iter(micro_batches),

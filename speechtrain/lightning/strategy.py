@@ -140,6 +140,7 @@ class MegatronStrategy(DDPStrategy):
         schedule, and Lightning's ``optimizer_zero_grad`` is turned off for this module.
         """
         self.lightning_module.optimizer_zero_grad = _gradients_zeroed_by_the_schedule
+        self._release_megatron_parallel()
         self.megatron_parallel = MegatronParallel(
             self.lightning_module,
             micro_batch_size=self.micro_batch_size,
@@ -193,4 +194,10 @@ class MegatronStrategy(DDPStrategy):
         evaluated after ``fit``; :func:`speechtrain.lightning.teardown` releases them."""
         if self.lightning_module is not None:
             self.lightning_module.__dict__.pop("optimizer_zero_grad", None)
+        self._release_megatron_parallel()
         super().teardown()
+
+    def _release_megatron_parallel(self) -> None:
+        if self.megatron_parallel is not None:
+            self.megatron_parallel.buckets.remove()
+            self.megatron_parallel = None
