@@ -5,6 +5,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from speechtrain.lightning import parallel_state
+
 
 @dataclass
 class SchedConfig:
@@ -37,14 +39,26 @@ class OptimConfig:
 
 
 def build_optimizer(params: list[torch.nn.Parameter], cfg: OptimConfig) -> torch.optim.Optimizer:
-    """The optimizer named by ``cfg.name`` over ``params``."""
-    if cfg.name == "adamw":
-        return torch.optim.AdamW(params, lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay)
-    if cfg.name == "adam":
-        return torch.optim.Adam(params, lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay)
+    """The optimizer named by ``cfg.name`` over ``params``.
+
+    When the run asks for a distributed optimizer (``MegatronStrategy(use_distributed_optimizer=True)``) and has
+    more than one data-parallel rank, the optimizer states are sharded over the data-parallel group (ZeRO-1:
+    each rank updates its share of the parameters and broadcasts them); the updates are the same numbers.
+    """
+    classes = {"adamw": torch.optim.AdamW, "adam": torch.optim.Adam, "sgd": torch.optim.SGD}
+    if cfg.name not in classes:
+        raise ValueError(f"Unknown optimizer model.optim.name={cfg.name!r}; choose adamw, adam or sgd.")
     if cfg.name == "sgd":
-        return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
-    raise ValueError(f"Unknown optimizer model.optim.name={cfg.name!r}; choose adamw, adam or sgd.")
+        kwargs = {"lr": cfg.lr, "momentum": cfg.momentum, "weight_decay": cfg.weight_decay}
+    else:
+        kwargs = {"lr": cfg.lr, "betas": tuple(cfg.betas), "weight_decay": cfg.weight_decay}
+    if parallel_state.distributed_optimizer_enabled() and parallel_state.data_parallel_world_size() > 1:
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+
+        return ZeroRedundancyOptimizer(
+            params, optimizer_class=classes[cfg.name], process_group=parallel_state.data_parallel_group(), **kwargs
+        )
+    return classes[cfg.name](params, **kwargs)
 
 
 def lr_factor(step: int, sched: SchedConfig, max_steps: int, base_lr: float) -> float:

@@ -89,3 +89,15 @@ def model_parallel_group() -> Any:
     """The tensor x pipeline group of this rank (None when there is no model parallelism)."""
     mpu = _mpu()
     return mpu.get_model_parallel_group() if mpu else None
+
+
+_options = {"distributed_optimizer": False}
+
+
+def set_distributed_optimizer(enabled: bool) -> None:
+    """Chosen by the strategy: shard optimizer states over the data-parallel group."""
+    _options["distributed_optimizer"] = enabled
+
+
+def distributed_optimizer_enabled() -> bool:
+    return _options["distributed_optimizer"] and is_initialized()

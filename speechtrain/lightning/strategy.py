@@ -36,6 +36,8 @@ class MegatronStrategy(DDPStrategy):
         sequence_parallel: shard norms and dropout along the sequence under TP (not supported yet).
         micro_batch_size: split each data-parallel rank's batch into micro-batches of this size for the
             pipeline schedule (None: one micro-batch).
+        use_distributed_optimizer: shard optimizer states over the data-parallel ranks (ZeRO-1, PyTorch's
+            ``ZeroRedundancyOptimizer``): the same updates with 1/DP of the optimizer memory per rank.
         seed: seed of the model-parallel RNG streams (default: Lightning's global seed, else 1234).
         **kwargs: ``DDPStrategy`` arguments (``process_group_backend``, ``timeout``, ...).
     """
@@ -50,6 +52,7 @@ class MegatronStrategy(DDPStrategy):
         context_parallel_size: int = 1,
         sequence_parallel: bool = False,
         micro_batch_size: int | None = None,
+        use_distributed_optimizer: bool = False,
         seed: int | None = None,
         **kwargs: Any,
     ) -> None:
@@ -60,6 +63,7 @@ class MegatronStrategy(DDPStrategy):
             "context_parallel_size": context_parallel_size,
             "sequence_parallel": sequence_parallel,
             "micro_batch_size": micro_batch_size,
+            "use_distributed_optimizer": use_distributed_optimizer,
             "seed": seed,
             **{k: v for k, v in kwargs.items() if isinstance(v, bool | int | float | str) or v is None},
         }
@@ -80,6 +84,7 @@ class MegatronStrategy(DDPStrategy):
         self.tensor_model_parallel_size = tensor_model_parallel_size
         self.pipeline_model_parallel_size = pipeline_model_parallel_size
         self.micro_batch_size = micro_batch_size
+        self.use_distributed_optimizer = use_distributed_optimizer
         self.seed = seed
         self.megatron_parallel: MegatronParallel | None = None
 
@@ -115,6 +120,7 @@ class MegatronStrategy(DDPStrategy):
                 tensor_model_parallel_size=self.tensor_model_parallel_size,
                 pipeline_model_parallel_size=self.pipeline_model_parallel_size,
             )
+        parallel_state.set_distributed_optimizer(self.use_distributed_optimizer)
         seed = self.seed if self.seed is not None else int(os.environ.get("PL_GLOBAL_SEED", 1234))
         model_parallel_manual_seed(seed)
         logger.info(
@@ -179,6 +185,15 @@ class MegatronStrategy(DDPStrategy):
         return super().reduce(tensor, group=group, reduce_op=reduce_op)
 
     # ---------------------------------------------------------------------------------------------- checkpoints
+    def optimizer_state(self, optimizer: Any) -> dict[str, Any]:
+        """A sharded (distributed) optimizer is gathered on data-parallel rank 0 of each model-parallel rank,
+        the rank that writes that shard of the checkpoint."""
+        optimizer = getattr(optimizer, "_optimizer", optimizer)
+        if hasattr(optimizer, "consolidate_state_dict"):
+            optimizer.consolidate_state_dict(to=0)  # rank 0 *of the data-parallel group*
+            return optimizer.state_dict() if parallel_state.data_parallel_rank() == 0 else {}
+        return optimizer.state_dict()
+
     def save_checkpoint(self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any = None) -> None:
         """One shard per model-parallel rank, written atomically (see :mod:`speechtrain.lightning.checkpoint`)."""
         sharded.save_checkpoint(checkpoint, filepath)

@@ -60,6 +60,7 @@ def main() -> None:
     parser.add_argument("--resume", help="checkpoint to resume from")
     parser.add_argument("--archive", help="save the trained model here (.stm) after fit")
     parser.add_argument("--relative-positions", action="store_true")
+    parser.add_argument("--distributed-optimizer", action="store_true")
     args = parser.parse_args()
 
     torch.set_num_threads(1)
@@ -71,6 +72,7 @@ def main() -> None:
             tensor_model_parallel_size=args.tp,
             pipeline_model_parallel_size=args.pp,
             micro_batch_size=args.micro_batch_size,
+            use_distributed_optimizer=args.distributed_optimizer,
         )
     )
     recorder = RecordLosses()
@@ -110,7 +112,8 @@ def main() -> None:
         )
         for name, p in model.named_parameters()
     }
-    record = {"losses": recorder.losses, "params": params, **recorder.ranks}
+    optimizer = type(trainer.optimizers[0]).__name__ if trainer.optimizers else None
+    record = {"losses": recorder.losses, "params": params, "optimizer": optimizer, **recorder.ranks}
     if args.archive:
         model.save_to(args.archive)
     Path(args.out).mkdir(parents=True, exist_ok=True)

@@ -78,6 +78,7 @@ LAYOUTS = {
     "pp2-microbatches": (2, ["--pp", "2", "--micro-batch-size", "2"]),
     "tp2xpp2": (4, ["--tp", "2", "--pp", "2", "--micro-batch-size", "4"]),
     "single-rank-bridge": (1, ["--micro-batch-size", "4"]),
+    "tp2xdp2-distributed-optimizer": (4, ["--tp", "2", "--distributed-optimizer"]),
 }
 
 
@@ -85,7 +86,10 @@ LAYOUTS = {
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_layout_matches_single_process(layout, reference, tmp_path):
     nproc, args = LAYOUTS[layout]
-    assert_same_run(run_job(tmp_path / layout, nproc, *args), reference)
+    out = run_job(tmp_path / layout, nproc, *args)
+    assert_same_run(out, reference)
+    optimizers = {torch.load(p, weights_only=False)["optimizer"] for p in out.glob("rank*.pt")}
+    assert optimizers == {"ZeroRedundancyOptimizer" if "--distributed-optimizer" in args else "Adam"}
 
 
 @pytest.mark.multiprocess
@@ -125,13 +129,18 @@ def test_two_nodes_on_localhost_match_single_process(reference, tmp_path):
 
 
 @pytest.mark.multiprocess
-def test_tp2_run_killed_and_resumed_equals_uninterrupted_run(tmp_path):
-    common = ["--tp", "2", "--global-batch", "16", "--steps", "6"]  # 4 steps per epoch
-    straight = run_job(tmp_path / "straight", 2, *common)
+@pytest.mark.parametrize(
+    "nproc, extra",
+    [(2, []), (4, ["--distributed-optimizer"])],
+    ids=["tp2", "tp2xdp2-distributed-optimizer"],
+)
+def test_tp2_run_killed_and_resumed_equals_uninterrupted_run(tmp_path, nproc, extra):
+    common = ["--tp", "2", "--global-batch", "16", "--steps", "6", *extra]  # 4 steps per epoch
+    straight = run_job(tmp_path / "straight", nproc, *common)
     ckpt = tmp_path / "ckpt"
     command = [
-        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={_free_port()}",
-        str(JOB), "--devices", "2", *common, "--ckpt-dir", str(ckpt), "--save-every", "4", "--kill-at", "4",
+        sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", f"--master_port={_free_port()}",
+        str(JOB), "--devices", str(nproc), *common, "--ckpt-dir", str(ckpt), "--save-every", "4", "--kill-at", "4",
         "--out", str(tmp_path / "killed"),
     ]  # fmt: skip
     killed = subprocess.run(command, env=_env(), capture_output=True, text=True, timeout=240, check=False)
@@ -139,7 +148,7 @@ def test_tp2_run_killed_and_resumed_equals_uninterrupted_run(tmp_path):
     saved = ckpt / "step=4.ckpt"
     assert sorted(p.name for p in saved.iterdir()) == ["metadata.json", "tp00_pp000.ckpt", "tp01_pp000.ckpt"]
 
-    resumed = run_job(tmp_path / "resumed", 2, *common, "--resume", str(saved))
+    resumed = run_job(tmp_path / "resumed", nproc, *common, "--resume", str(saved))
     full_losses, full_weights = assemble(straight)
     losses, weights = assemble(resumed)
     assert losses == full_losses[4:]
