@@ -31,6 +31,7 @@ format: install
 bench: install
 	$(BIN)/python benchmarks/import_time.py
 	$(BIN)/python benchmarks/asr_demo.py
+	$(BIN)/python benchmarks/bridge_overhead.py
 
 clean:
 	rm -rf $(VENV) speechtrain_experiments .pytest_cache .ruff_cache
