@@ -69,9 +69,8 @@ class GradientBuckets:
 
     def _launch(self, index: int) -> None:
         bucket = self.buckets[index]
-        flat = torch._utils._flatten_dense_tensors(
-            [p.grad if p.grad is not None else torch.zeros_like(p) for p in bucket]
-        )
+        # Always a copy (flattening a single tensor would alias it): the all-reduce runs while backward goes on.
+        flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in bucket])
         handle = torch.distributed.all_reduce(flat, group=self.group, async_op=True)
         self._pending[index] = (flat, handle)
         self._next = index + 1
