@@ -271,3 +271,9 @@ def resolve_manifest(manifest_filepath: str | os.PathLike) -> Path:
         choices = ", ".join(f"{BUILTIN_PREFIX}{s}" for s in DEFAULT_SPLITS)
         raise ValueError(f"Unknown built-in corpus {name!r}; choose one of: {choices}.")
     return prepare_dtmf_corpus()[split]
+
+
+if __name__ == "__main__":
+    from speechtrain.data.speech_corpus import main
+
+    main()
