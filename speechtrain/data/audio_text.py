@@ -41,74 +41,29 @@ class TextEncoder(Protocol):
     def encode(self, text: str) -> list[int]: ...
 
 
-class AudioTextDataset(Dataset):
-    """Utterances of a NeMo manifest as waveforms and token ids.
-
-    Audio is read with ``soundfile``, averaged to mono and never resampled: a file at another rate is skipped.
-    A record with ``offset > 0`` reads ``duration`` seconds from ``offset``; otherwise the whole file is read.
+class UtteranceReader:
+    """Reads and checks one utterance: audio from its file (mono, at the expected rate) and encoded transcript.
 
     Args:
-        manifest_filepath: NeMo JSON-lines manifest (see :func:`speechtrain.data.manifest.read_nemo_manifest`).
         tokenizer: Encodes transcripts; must raise ``ValueError`` on text it cannot encode.
-        sample_rate: Expected sample rate in Hz.
-        max_duration: Drop records longer than this many seconds (None: no limit).
-        min_duration: Drop records shorter than this many seconds (None: no limit).
+        sample_rate: Expected sample rate in Hz (files at another rate are skipped).
 
     Attributes:
-        records: The kept manifest records.
-        filtered: Counts of records dropped by duration at construction, keys ``too_short`` / ``too_long``.
-        skipped: Counts of utterances returned as None by ``__getitem__`` in this process, by reason
-            (see ``SKIP_REASONS``). DataLoader workers count in their own copies.
-
-    Raises:
-        FileNotFoundError, speechtrain.data.manifest.ManifestError: On a missing or invalid manifest.
-        ValueError: On a non-positive sample rate or inconsistent duration limits.
+        skipped: Counts of bad utterances by reason (see ``SKIP_REASONS``).
     """
 
-    def __init__(
-        self,
-        manifest_filepath: str | os.PathLike,
-        tokenizer: TextEncoder,
-        sample_rate: int = 16000,
-        max_duration: float | None = None,
-        min_duration: float | None = None,
-    ) -> None:
-        if sample_rate <= 0:
-            raise ValueError(f"AudioTextDataset: sample_rate must be > 0, got {sample_rate}")
-        if min_duration is not None and max_duration is not None and min_duration > max_duration:
-            raise ValueError(
-                f"AudioTextDataset: min_duration={min_duration} is larger than max_duration={max_duration}"
-            )
-        self.manifest_filepath = Path(manifest_filepath)
+    def __init__(self, tokenizer: TextEncoder, sample_rate: int) -> None:
         self.tokenizer = tokenizer
         self.sample_rate = sample_rate
-        self.filtered: Counter[str] = Counter()
         self.skipped: Counter[str] = Counter()
-        self.records: list[dict[str, Any]] = []
-        for record in read_nemo_manifest(self.manifest_filepath):
-            if min_duration is not None and record["duration"] < min_duration:
-                self.filtered["too_short"] += 1
-            elif max_duration is not None and record["duration"] > max_duration:
-                self.filtered["too_long"] += 1
-            else:
-                self.records.append(record)
 
-    def __len__(self) -> int:
-        return len(self.records)
-
-    @property
-    def durations(self) -> list[float]:
-        """Manifest durations of the kept records in seconds, in index order (for bucketing samplers)."""
-        return [record["duration"] for record in self.records]
-
-    def __getitem__(self, index: int) -> dict[str, Any] | None:
-        """Load one utterance.
+    def read(self, record: dict[str, Any]) -> dict[str, Any] | None:
+        """Load the utterance of a manifest record (``audio_filepath``, ``offset``, ``duration``, ``text``).
 
         Returns:
             ``{"id": str, "audio": FloatTensor (T,), "tokens": LongTensor (U,)}``, or None if the utterance
             is bad (the reason is counted in ``skipped`` and warned about once per process).
         """
-        record = self.records[index]
         path = record["audio_filepath"]
         text = record["text"]
         if not text.strip():
@@ -155,6 +110,79 @@ class AudioTextDataset(Dataset):
                 reason,
             )
         return None
+
+
+class AudioTextDataset(Dataset):
+    """Utterances of a NeMo manifest as waveforms and token ids.
+
+    Audio is read with ``soundfile``, averaged to mono and never resampled: a file at another rate is skipped.
+    A record with ``offset > 0`` reads ``duration`` seconds from ``offset``; otherwise the whole file is read.
+
+    Args:
+        manifest_filepath: NeMo JSON-lines manifest (see :func:`speechtrain.data.manifest.read_nemo_manifest`).
+        tokenizer: Encodes transcripts; must raise ``ValueError`` on text it cannot encode.
+        sample_rate: Expected sample rate in Hz.
+        max_duration: Drop records longer than this many seconds (None: no limit).
+        min_duration: Drop records shorter than this many seconds (None: no limit).
+
+    Attributes:
+        records: The kept manifest records.
+        filtered: Counts of records dropped by duration at construction, keys ``too_short`` / ``too_long``.
+        skipped: Counts of utterances returned as None by ``__getitem__`` in this process, by reason
+            (see ``SKIP_REASONS``). DataLoader workers count in their own copies.
+
+    Raises:
+        FileNotFoundError, speechtrain.data.manifest.ManifestError: On a missing or invalid manifest.
+        ValueError: On a non-positive sample rate or inconsistent duration limits.
+    """
+
+    def __init__(
+        self,
+        manifest_filepath: str | os.PathLike,
+        tokenizer: TextEncoder,
+        sample_rate: int = 16000,
+        max_duration: float | None = None,
+        min_duration: float | None = None,
+    ) -> None:
+        if sample_rate <= 0:
+            raise ValueError(f"AudioTextDataset: sample_rate must be > 0, got {sample_rate}")
+        if min_duration is not None and max_duration is not None and min_duration > max_duration:
+            raise ValueError(
+                f"AudioTextDataset: min_duration={min_duration} is larger than max_duration={max_duration}"
+            )
+        self.manifest_filepath = Path(manifest_filepath)
+        self.reader = UtteranceReader(tokenizer, sample_rate)
+        self.filtered: Counter[str] = Counter()
+        self.records: list[dict[str, Any]] = []
+        for record in read_nemo_manifest(self.manifest_filepath):
+            if min_duration is not None and record["duration"] < min_duration:
+                self.filtered["too_short"] += 1
+            elif max_duration is not None and record["duration"] > max_duration:
+                self.filtered["too_long"] += 1
+            else:
+                self.records.append(record)
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    @property
+    def durations(self) -> list[float]:
+        """Manifest durations of the kept records in seconds, in index order (for bucketing samplers)."""
+        return [record["duration"] for record in self.records]
+
+    @property
+    def skipped(self) -> Counter[str]:
+        """Utterances returned as None in this process, by reason (see ``SKIP_REASONS``)."""
+        return self.reader.skipped
+
+    def __getitem__(self, index: int) -> dict[str, Any] | None:
+        """Load one utterance.
+
+        Returns:
+            ``{"id": str, "audio": FloatTensor (T,), "tokens": LongTensor (U,)}``, or None if the utterance
+            is bad (the reason is counted in ``skipped`` and warned about once per process).
+        """
+        return self.reader.read(self.records[index])
 
     def summary(self) -> str:
         """One line: kept utterances and hours, records filtered by duration, utterances skipped by reason."""

@@ -1,0 +1,103 @@
+import json
+
+import pytest
+import torch
+
+from speechtrain.asr.tokenizers import CharTokenizer
+from speechtrain.data.lhotse_loader import (
+    AsrCutDataset,
+    LoaderConfig,
+    build_sampler,
+    get_lhotse_dataloader_from_config,
+    read_cuts,
+)
+from speechtrain.data.synthetic import make_dtmf_corpus
+
+TOKENIZER = CharTokenizer([" ", *"0123456789"])
+
+
+@pytest.fixture(scope="module")
+def manifest(tmp_path_factory):
+    return make_dtmf_corpus(tmp_path_factory.mktemp("dtmf"), 97, seed=5)
+
+
+def _epoch(cuts, cfg, world, epoch=0):
+    per_rank = []
+    for rank in range(world):
+        sampler = build_sampler(cuts, cfg, rank, world)
+        sampler.set_epoch(epoch)
+        per_rank.append([[c.id for c in batch] for batch in sampler])
+    return per_rank
+
+
+@pytest.mark.parametrize("world", [1, 2, 3])
+@pytest.mark.parametrize("bucketing", [True, False])
+def test_every_cut_once_per_epoch_and_equal_steps(manifest, world, bucketing):
+    cfg = LoaderConfig(manifest_filepath=str(manifest), batch_duration=5.0, num_buckets=4, use_bucketing=bucketing)
+    cuts = read_cuts(cfg)
+    for epoch in (0, 1):
+        per_rank = _epoch(cuts, cfg, world, epoch)
+        assert len({len(batches) for batches in per_rank}) == 1, "ranks must take the same number of steps"
+        seen = [cut for batches in per_rank for batch in batches for cut in batch]
+        assert len(seen) == len(set(seen)), "no cut twice in an epoch"
+        assert set(seen) == {c.id for c in cuts}, "every cut once per epoch"
+
+
+def test_batches_respect_the_duration_budget_and_shuffle_by_epoch(manifest):
+    cfg = LoaderConfig(manifest_filepath=str(manifest), batch_duration=4.0, num_buckets=4)
+    cuts = read_cuts(cfg)
+    durations = {c.id: c.duration for c in cuts}
+    first, second = _epoch(cuts, cfg, 1, 0)[0], _epoch(cuts, cfg, 1, 1)[0]
+    assert all(sum(durations[c] for c in batch) <= 4.0 + 1e-6 for batch in first)
+    assert first != second and first == _epoch(cuts, cfg, 1, 0)[0]
+
+
+def test_fixed_batch_size_per_bucket(manifest):
+    bins = [0.8, 1.2]
+    cfg = LoaderConfig(manifest_filepath=str(manifest), bucket_duration_bins=bins, bucket_batch_size=[6, 4, 2])
+    cuts = read_cuts(cfg)
+    durations = {c.id: c.duration for c in cuts}
+    for batch in _epoch(cuts, cfg, 1)[0][:-3]:  # the last batches of a bucket may be partial
+        longest = max(durations[c] for c in batch)
+        bucket = sum(longest > b for b in bins)
+        assert len(batch) <= [6, 4, 2][bucket]
+    with pytest.raises(ValueError, match="one per bucket"):
+        build_sampler(cuts, LoaderConfig(bucket_duration_bins=bins, bucket_batch_size=[6, 4]), 0, 1)
+
+
+def test_duration_filters_and_config_errors(manifest):
+    cuts = read_cuts(LoaderConfig(manifest_filepath=str(manifest), min_duration=0.8, max_duration=1.2))
+    assert len(cuts) > 0 and all(0.8 <= c.duration <= 1.2 for c in cuts)
+    with pytest.raises(ValueError, match="names no data"):
+        read_cuts(LoaderConfig())
+    with pytest.raises(NotImplementedError, match="'input_cfg' is not supported yet"):
+        read_cuts(LoaderConfig(manifest_filepath=str(manifest), input_cfg=[{"type": "nemo"}]))
+    with pytest.raises(ValueError, match="Set batch_size or batch_duration"):
+        build_sampler(read_cuts(LoaderConfig(manifest_filepath=str(manifest))), LoaderConfig(), 0, 1)
+
+
+def test_dataloader_from_config_gives_padded_batches_and_skips_bad_files(manifest, tmp_path):
+    records = [json.loads(line) for line in manifest.read_text().splitlines()[:8]]
+    for r in records:
+        r["audio_filepath"] = str(manifest.parent / r["audio_filepath"])
+    records[3]["audio_filepath"] = str(tmp_path / "missing.wav")
+    bad = tmp_path / "bad.json"
+    bad.write_text("".join(json.dumps(r) + "\n" for r in records))
+    dataset = AsrCutDataset(TOKENIZER)
+    loader = get_lhotse_dataloader_from_config(
+        {"manifest_filepath": str(bad), "batch_size": 8, "use_bucketing": False, "shuffle": False}, 0, 1, dataset
+    )
+    (batch,) = list(loader)
+    assert batch["audio"].shape[0] == 7 and dataset.reader.skipped["missing_audio"] == 1
+    assert torch.equal(
+        batch["audio_lens"], torch.tensor([(batch["audio"][i] != 0).nonzero().max() + 1 for i in range(7)])
+    )
+    with pytest.raises(Exception, match="batch_sizee"):
+        get_lhotse_dataloader_from_config({"manifest_filepath": str(bad), "batch_sizee": 8}, 0, 1, dataset)
+
+
+def test_lhotse_cuts_input(manifest, tmp_path):
+    cuts = read_cuts(LoaderConfig(manifest_filepath=str(manifest)))
+    cuts.to_file(tmp_path / "cuts.jsonl.gz")
+    again = read_cuts(LoaderConfig(cuts_path=str(tmp_path / "cuts.jsonl.gz")))
+    assert [c.id for c in again] == [c.id for c in cuts]
