@@ -101,3 +101,18 @@ def test_lhotse_cuts_input(manifest, tmp_path):
     cuts.to_file(tmp_path / "cuts.jsonl.gz")
     again = read_cuts(LoaderConfig(cuts_path=str(tmp_path / "cuts.jsonl.gz")))
     assert [c.id for c in again] == [c.id for c in cuts]
+
+
+def test_estimate_duration_bins_splits_audio_evenly(manifest, capsys):
+    from speechtrain.data.estimate_duration_bins import estimate_bins, main
+
+    cuts = read_cuts(LoaderConfig(manifest_filepath=str(manifest)))
+    bins = estimate_bins([str(manifest)], 4)
+    assert len(bins) == 3 and bins == sorted(bins)
+    total = sum(c.duration for c in cuts)
+    edges = [0.0, *bins, float("inf")]
+    shares = [sum(c.duration for c in cuts if lo < c.duration <= hi) / total for lo, hi in zip(edges, edges[1:])]
+    assert all(abs(share - 0.25) < 0.1 for share in shares), shares
+    main([str(manifest), "-b", "4"])
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "num_buckets: 4" and out[1].startswith("bucket_duration_bins: [")
