@@ -12,6 +12,8 @@ from speechtrain.asr.conv_ctc import ConvCTCConfig, ConvCTCModel
 from speechtrain.core.exp_manager import exp_manager
 from speechtrain.core.hydra_runner import hydra_runner
 from speechtrain.core.job import train_job_schema
+from speechtrain.data.manifest import read_nemo_manifest
+from speechtrain.data.synthetic import resolve_manifest
 from speechtrain.lightning import Trainer, teardown
 
 
@@ -27,7 +29,7 @@ def main(cfg):
     if trainer.is_global_zero:
         metrics = {k: f"{float(v):.4f}" for k, v in trainer.callback_metrics.items() if k.startswith("val_")}
         print(f"\n{metrics} | run folder {log_dir}")
-        records = model.val_dataloader().dataset.records[:5] if model.val_dataloader() else []
+        records = read_nemo_manifest(resolve_manifest(cfg.model.validation_ds.manifest_filepath))[:5]
         for record, hyp in zip(records, model.transcribe([r["audio_filepath"] for r in records])):
             print(f"  ref: {record['text']:<20} hyp: {hyp}")
     teardown(trainer, model)

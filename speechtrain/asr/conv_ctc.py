@@ -20,8 +20,9 @@ from speechtrain.asr.metrics import word_errors
 from speechtrain.asr.tokenizers import CharTokenizer
 from speechtrain.core.model import SpeechModel
 from speechtrain.core.optim import OptimConfig
-from speechtrain.data.audio_text import AudioTextDataset, collate_audio_text
+from speechtrain.data.lhotse_loader import AsrCutDataset, LoaderConfig, get_lhotse_dataloader_from_config
 from speechtrain.data.synthetic import resolve_manifest
+from speechtrain.lightning import parallel_state
 
 
 @dataclass
@@ -52,18 +53,6 @@ class ConvEncoderConfig:
 
 
 @dataclass
-class DatasetConfig:
-    """One dataset split: a NeMo manifest (``builtin:dtmf/<split>`` for the built-in corpus)."""
-
-    manifest_filepath: str | None = None
-    batch_size: int = 16
-    shuffle: bool = True
-    num_workers: int = 0
-    min_duration: float | None = None
-    max_duration: float | None = None
-
-
-@dataclass
 class ConvCTCConfig:
     """Config of :class:`ConvCTCModel`."""
 
@@ -71,8 +60,10 @@ class ConvCTCConfig:
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
     preprocessor: PreprocessorConfig = field(default_factory=PreprocessorConfig)
     encoder: ConvEncoderConfig = field(default_factory=ConvEncoderConfig)
-    train_ds: DatasetConfig = field(default_factory=DatasetConfig)
-    validation_ds: DatasetConfig = field(default_factory=lambda: DatasetConfig(shuffle=False))
+    train_ds: LoaderConfig = field(default_factory=lambda: LoaderConfig(batch_duration=40.0, num_buckets=10))
+    validation_ds: LoaderConfig = field(
+        default_factory=lambda: LoaderConfig(batch_size=64, use_bucketing=False, shuffle=False)
+    )
     optim: OptimConfig = field(default_factory=OptimConfig)
 
 
@@ -222,20 +213,14 @@ class ConvCTCModel(SpeechModel):
     def _build_loader(self, ds_cfg: Any) -> DataLoader | None:
         if not ds_cfg.manifest_filepath:
             return None
-        dataset = AudioTextDataset(
-            resolve_manifest(ds_cfg.manifest_filepath),
-            self.tokenizer,
-            sample_rate=self.cfg.sample_rate,
-            min_duration=ds_cfg.min_duration,
-            max_duration=ds_cfg.max_duration,
-        )
-        return DataLoader(
-            dataset,
-            batch_size=ds_cfg.batch_size,
-            shuffle=ds_cfg.shuffle,
-            num_workers=ds_cfg.num_workers,
-            collate_fn=collate_audio_text,
-            persistent_workers=ds_cfg.num_workers > 0,
+        cfg = OmegaConf.to_object(ds_cfg)
+        cfg.manifest_filepath = str(resolve_manifest(cfg.manifest_filepath))
+        cfg.sample_rate = self.cfg.sample_rate
+        return get_lhotse_dataloader_from_config(
+            cfg,
+            parallel_state.data_parallel_rank(),
+            parallel_state.data_parallel_world_size(),
+            AsrCutDataset(self.tokenizer, self.cfg.sample_rate),
         )
 
     def train_dataloader(self) -> DataLoader:

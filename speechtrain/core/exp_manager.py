@@ -112,6 +112,32 @@ class SpeechCheckpoint(ModelCheckpoint):
         finally:
             group.on_save_checkpoint_end(global_step=step)
 
+    # Lightning 2.6 refreshes "last" only when a top-k checkpoint was written at the same step: a run whose
+    # metric stopped improving would resume from an old "last". Here "last" follows every epoch.
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        super().on_train_epoch_end(trainer, pl_module)
+        if self._should_save_on_train_epoch_end(trainer):
+            self._refresh_last(trainer)
+
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        super().on_validation_end(trainer, pl_module)
+        if not self._should_save_on_train_epoch_end(trainer):
+            self._refresh_last(trainer)
+
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: Any, **kwargs: Any
+    ) -> None:
+        super().on_train_batch_end(trainer, pl_module, *args, **kwargs)
+        # Lightning defers a step checkpoint until the monitored metric exists (the next validation), "last"
+        # included: a run killed before then could not resume. Here "last" is written on schedule.
+        every = self._every_n_train_steps
+        if self._defer_save_until_validation and every >= 1 and trainer.global_step % every == 0:
+            self._refresh_last(trainer)
+
+    def _refresh_last(self, trainer: pl.Trainer) -> None:
+        if self.save_last and not self._should_skip_saving_checkpoint(trainer):
+            self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
+
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         super().on_train_end(trainer, pl_module)
         if self.archive_path is not None and hasattr(pl_module, "save_to"):

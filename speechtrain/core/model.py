@@ -15,6 +15,7 @@ Construction, data setup, optimizer setup and weight loading are announced on th
 
 import fnmatch
 import logging
+import math
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -311,23 +312,59 @@ class SpeechModel(pl.LightningModule):
                 OmegaConf.merge(OmegaConf.structured(OptimConfig), self.cfg.get("optim", {}))
             )
             optimizer = build_optimizer([p for p in self.parameters() if p.requires_grad], optim_cfg)
-            max_steps = (
-                self.trainer.max_steps if self.trainer.max_steps > 0 else self.trainer.estimated_stepping_batches
-            )
-            scheduler = build_scheduler(optimizer, optim_cfg, int(max_steps))
+            scheduler = build_scheduler(optimizer, optim_cfg, self._total_steps())
         finally:
             group.on_optimizer_init_end()
         if scheduler is None:
             return optimizer
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
+    def _resumable_sampler(self) -> Any:
+        """The training sampler, when the model keeps its loader in ``_train_loader`` and it can resume."""
+        sampler = getattr(getattr(self, "_train_loader", None), "sampler", None)
+        return sampler if callable(getattr(sampler, "resume", None)) else None
+
+    def on_train_epoch_start(self) -> None:
+        self._batches_done = 0
+
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        # Counted at the start: checkpoints are written by callbacks at the end of a batch, before the module's
+        # own on_train_batch_end runs, and that batch has been trained on by then.
+        self._batches_done = batch_idx + 1
+
+    def _total_steps(self) -> int:
+        """Optimizer steps of the whole run, for the learning-rate schedule."""
+        trainer = self.trainer
+        if trainer.max_steps > 0:
+            return trainer.max_steps
+        sampler = self._resumable_sampler()
+        if sampler is not None and trainer.max_epochs is not None and trainer.max_epochs > 0:
+            # Counted from the sampler's metadata. (Lightning's estimate would start the epoch's data iterator
+            # before a resumed run has set the sampler's epoch, replaying the wrong order.)
+            return max(1, sampler.batches_per_epoch() * trainer.max_epochs // trainer.accumulate_grad_batches)
+        estimated = trainer.estimated_stepping_batches
+        if not math.isfinite(estimated) or estimated <= 0:
+            raise ValueError(
+                "The training data has no length, so the learning-rate schedule cannot know the run's length: "
+                "set trainer.max_steps (or model.optim.sched.max_steps)."
+            )
+        return int(estimated)
+
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        """Adds the RNG states, so that a resumed run draws the same random numbers as an uninterrupted one."""
+        """Adds the RNG states and the position in the epoch, so that a resumed run draws the same random
+        numbers and trains on the same batches as an uninterrupted one."""
         checkpoint["speechtrain_rng"] = _rng_state()
+        checkpoint["speechtrain_data"] = {
+            "epoch": self.current_epoch,
+            "batches_done": getattr(self, "_batches_done", 0),
+        }
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         if "speechtrain_rng" in checkpoint:
             _set_rng_state(checkpoint["speechtrain_rng"])
+        sampler = self._resumable_sampler()
+        if sampler is not None and "speechtrain_data" in checkpoint:
+            sampler.resume(checkpoint["speechtrain_data"]["epoch"], checkpoint["speechtrain_data"]["batches_done"])
 
     @property
     def num_parameters(self) -> int:

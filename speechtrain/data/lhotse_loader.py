@@ -11,8 +11,11 @@ CutSet ``.jsonl``/``.jsonl.gz``) and/or ``shar_path`` (lhotse Shar folder). Batc
 - Sharding is by data-parallel rank: each rank takes every ``dp_world_size``-th batch of one shared, seeded
   stream, so every utterance is used once per epoch across ranks and all ranks take the same number of steps.
 
-Not yet supported (they raise, naming the key): ``input_cfg`` blends, token-per-second filters, on-the-fly
-augmentation, and sampler state in checkpoints.
+- Exact resume: the sampler is wrapped in :class:`ResumableSampler`, which can start an epoch after the batches a
+  checkpoint says were already trained on (``SpeechModel`` saves and restores that position).
+
+Not yet supported (they raise, naming the key): ``input_cfg`` blends, token-per-second filters and on-the-fly
+augmentation.
 """
 
 import warnings
@@ -168,6 +171,52 @@ def _build_sampler(cuts: Any, cfg: LoaderConfig, dp_rank: int, dp_world_size: in
     return DynamicCutSampler(cuts, shuffle_buffer_size=cfg.shuffle_buffer_size, **limits, **common)
 
 
+class ResumableSampler:
+    """A lhotse sampler that can resume mid-epoch: ``resume(epoch, batches_done)`` makes the next pass over that
+    epoch skip the batches already trained on (its order is a function of the seed and the epoch)."""
+
+    def __init__(self, sampler: Any) -> None:
+        self.sampler = sampler
+        self.epoch = 0
+        self._resume: tuple[int, int] | None = None
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+        self.sampler.set_epoch(epoch)
+
+    def batches_per_epoch(self) -> int:
+        """Batches in one pass at the current epoch (counted from metadata; batch counts vary a little by epoch)."""
+        return sum(1 for _ in self.sampler)
+
+    def resume(self, epoch: int, batches_done: int) -> None:
+        """Continue from a checkpoint taken after ``batches_done`` batches of ``epoch``.
+
+        The sampler moves to that epoch (or to the next one, if the epoch was complete) right away: Lightning
+        starts the data iterator before it announces the epoch of a resumed run.
+        """
+        self.set_epoch(epoch)
+        if batches_done >= self.batches_per_epoch():
+            self.set_epoch(epoch + 1)
+            self._resume = None
+        else:
+            self._resume = (epoch, batches_done)
+
+    def __iter__(self) -> Any:
+        batches = iter(self.sampler)
+        if self._resume is not None and self._resume[0] == self.epoch:
+            # Applied once, on the pass over the saved epoch (Lightning may peek at other epochs' data before).
+            _, skip = self._resume
+            self._resume = None
+            for _ in range(skip):
+                next(batches, None)
+        # Not ``yield from``: a lhotse sampler is its own iterator and would restart its pass on iter().
+        while True:
+            try:
+                yield next(batches)
+            except StopIteration:
+                return
+
+
 class AsrCutDataset(torch.utils.data.Dataset):
     """Turns a CutSet batch into padded audio and token tensors; bad utterances are skipped and counted.
 
@@ -216,8 +265,10 @@ def get_lhotse_dataloader_from_config(
         from speechtrain.core.config import validate_config
 
         cfg = OmegaConf.to_object(validate_config(dict(cfg), LoaderConfig))
-    sampler = build_sampler(read_cuts(cfg), cfg, dp_rank, dp_world_size)
+    sampler = ResumableSampler(build_sampler(read_cuts(cfg), cfg, dp_rank, dp_world_size))
+    # Its own generator: starting an epoch's iterator must not draw from the global RNG, or a run resumed
+    # mid-epoch (which starts one more iterator) would see different dropout than the uninterrupted run.
     return DataLoader(
         dataset, sampler=sampler, batch_size=None, num_workers=cfg.num_workers,
-        persistent_workers=cfg.num_workers > 0,
+        persistent_workers=cfg.num_workers > 0, generator=torch.Generator().manual_seed(cfg.seed),
     )  # fmt: skip

@@ -11,6 +11,7 @@ from speechtrain.core.archive import read_archive
 from speechtrain.core.hydra_runner import compose_config
 from speechtrain.core.job import train_job_schema
 from speechtrain.core.model import SpeechModel
+from speechtrain.lightning import BaseCallback, CallbackGroup
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
@@ -102,3 +103,32 @@ def test_resume_without_checkpoint(tmp_path, dtmf_manifest):
         )
     )
     assert (_run_folder(tmp_path) / "asr_demo.stm").is_file()
+
+
+class _Crash(BaseCallback):
+    """Dies at the start of a given step, like a run killed mid-epoch (nothing is saved on the way out)."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        if trainer.global_step == self.step:
+            raise RuntimeError("simulated crash")
+
+
+def test_run_crashed_mid_epoch_resumes_on_the_same_batches(tmp_path, dtmf_manifest):
+    """The sampler's position is in the checkpoint: resuming after step 4 of a 10-step epoch replays nothing and
+    skips nothing."""
+    main = _example_main()
+    every4 = "+exp_manager.checkpoint_callback_params.every_n_train_steps=4"
+    straight, split = tmp_path / "straight", tmp_path / "split"
+    main(_job(straight, dtmf_manifest, "trainer.max_epochs=2", every4))
+    crash = _Crash(step=6)
+    CallbackGroup.get_instance().register(crash)
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        main(_job(split, dtmf_manifest, "trainer.max_epochs=2", every4))
+    CallbackGroup.get_instance().unregister(crash)
+    main(_job(split, dtmf_manifest, "trainer.max_epochs=2", every4, "exp_manager.resume_if_exists=true"))
+    expected, resumed = _final_weights(straight), _final_weights(split)
+    for key in expected:
+        torch.testing.assert_close(resumed[key], expected[key], rtol=0, atol=0, msg=key)
