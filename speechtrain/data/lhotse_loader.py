@@ -14,11 +14,14 @@ CutSet ``.jsonl``/``.jsonl.gz``) and/or ``shar_path`` (lhotse Shar folder). Batc
 - Exact resume: the sampler is wrapped in :class:`ResumableSampler`, which can start an epoch after the batches a
   checkpoint says were already trained on (``SpeechModel`` saves and restores that position).
 
-Not yet supported (they raise, naming the key): ``input_cfg`` blends, token-per-second filters and on-the-fly
-augmentation.
+- ``input_cfg`` blends several sources by weight, with ``tags`` attached to their cuts (:func:`blend_sources`).
+
+Not yet supported (they raise, naming the key): token-per-second filters and on-the-fly augmentation.
 """
 
+import functools
 import warnings
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -69,17 +72,20 @@ def _as_list(value: Any) -> list[str]:
 def cuts_from_nemo_manifest(path: str | Path, sample_rate: int) -> Any:
     """A lhotse CutSet for a NeMo manifest, from its metadata only (no audio is opened here).
 
-    Extra manifest keys are kept as the cut's custom fields; ``lang`` becomes the supervision's language.
+    Cut IDs are ``<audio file stem>-<hash of the manifest path>-<line index>``. Extra manifest keys are kept as
+    the cut's custom fields; ``lang`` becomes the supervision's language.
     """
     from lhotse import CutSet, Recording, SupervisionSegment
     from lhotse.audio import AudioSource
     from lhotse.cut import MonoCut
 
     cuts = []
+    # The manifest's path is part of every cut ID: corpora whose files share names stay distinct when blended.
+    source = f"{zlib.crc32(str(Path(path).resolve()).encode()):08x}"
     for index, record in enumerate(read_nemo_manifest(path)):
         rate = int(record.get("sampling_rate", sample_rate))
         offset, duration = record["offset"], record["duration"]
-        cut_id = f"{Path(record['audio_filepath']).stem}-{index}"
+        cut_id = f"{Path(record['audio_filepath']).stem}-{source}-{index}"
         recording = Recording(
             id=cut_id,
             sources=[AudioSource(type="file", channels=[0], source=record["audio_filepath"])],
@@ -98,12 +104,73 @@ def cuts_from_nemo_manifest(path: str | Path, sample_rate: int) -> Any:
     return CutSet.from_cuts(cuts)
 
 
+_SOURCE_KEYS = {
+    "nemo": {"manifest_filepath"},
+    "lhotse": {"cuts_path"},
+    "lhotse_shar": {"shar_path"},
+    "group": {"input_cfg"},
+}
+
+
+def _source(entry: Any, sample_rate: int, seed: int, where: str) -> Any:
+    from lhotse import CutSet
+
+    entry = dict(entry)
+    kind = entry.get("type", "nemo")
+    if kind not in _SOURCE_KEYS:
+        raise ValueError(f"{where}.type={kind!r} is not a source type; choose one of {', '.join(_SOURCE_KEYS)}.")
+    allowed = _SOURCE_KEYS[kind] | {"type", "weight", "tags"}
+    unknown = sorted(set(entry) - allowed)
+    if unknown:
+        raise ValueError(f"{where}: unknown key(s) {unknown} for a {kind!r} source; allowed: {sorted(allowed)}.")
+    missing = sorted(_SOURCE_KEYS[kind] - set(entry))
+    if missing:
+        raise ValueError(f"{where}: a {kind!r} source needs {missing[0]}.")
+    if kind == "nemo":
+        cuts = cuts_from_nemo_manifest(entry["manifest_filepath"], sample_rate)
+    elif kind == "lhotse":
+        cuts = CutSet.from_file(entry["cuts_path"])
+    elif kind == "lhotse_shar":
+        cuts = CutSet.from_shar(in_dir=entry["shar_path"])
+    else:
+        cuts = blend_sources(entry["input_cfg"], sample_rate, seed, where=f"{where}.input_cfg")
+    tags = dict(entry.get("tags") or {})
+    if tags:
+        cuts = cuts.map(functools.partial(_with_tags, tags=tags))
+    return cuts
+
+
+def _with_tags(cut: Any, tags: dict[str, Any]) -> Any:
+    cut.custom = {**(cut.custom or {}), **tags}
+    return cut
+
+
+def blend_sources(sources: list[Any], sample_rate: int, seed: int = 0, where: str = "input_cfg") -> Any:
+    """Mix the sources of an ``input_cfg`` list by their ``weight`` (default 1; groups nest, weights multiply).
+
+    Each source is ``{type: nemo|lhotse|lhotse_shar|group, <its path key>, weight, tags}``; ``tags`` become custom
+    fields of every cut of that source. While every source still has data, cuts are drawn from source i with
+    probability ``weight_i / sum(weights)``; every cut of every source is used once per epoch.
+    """
+    from lhotse import CutSet
+
+    if not sources:
+        raise ValueError(f"{where} is empty.")
+    parts, weights = [], []
+    for index, entry in enumerate(sources):
+        weight = float(dict(entry).get("weight", 1.0))
+        if weight <= 0:
+            raise ValueError(f"{where}[{index}].weight must be positive, got {weight}.")
+        parts.append(_source(entry, sample_rate, seed, f"{where}[{index}]"))
+        weights.append(weight)
+    return parts[0] if len(parts) == 1 else CutSet.mux(*parts, weights=weights, seed=seed)
+
+
 def read_cuts(cfg: LoaderConfig) -> Any:
     """All inputs of ``cfg`` as one CutSet, filtered by duration."""
     from lhotse import CutSet
 
     unsupported = {
-        "input_cfg": cfg.input_cfg,
         "min_tps": cfg.min_tps,
         "max_tps": cfg.max_tps,
         "augmentation": cfg.augmentation or None,
@@ -115,6 +182,8 @@ def read_cuts(cfg: LoaderConfig) -> Any:
     parts += [CutSet.from_file(p) for p in _as_list(cfg.cuts_path)]
     if cfg.shar_path:
         parts.append(CutSet.from_shar(in_dir=cfg.shar_path))
+    if cfg.input_cfg:
+        parts.append(blend_sources(cfg.input_cfg, cfg.sample_rate, cfg.seed))
     if not parts:
         raise ValueError("The dataset config names no data: set manifest_filepath, cuts_path or shar_path.")
     cuts = parts[0] if len(parts) == 1 else CutSet.from_cuts(c for part in parts for c in part)

@@ -70,8 +70,8 @@ def test_duration_filters_and_config_errors(manifest):
     assert len(cuts) > 0 and all(0.8 <= c.duration <= 1.2 for c in cuts)
     with pytest.raises(ValueError, match="names no data"):
         read_cuts(LoaderConfig())
-    with pytest.raises(NotImplementedError, match="'input_cfg' is not supported yet"):
-        read_cuts(LoaderConfig(manifest_filepath=str(manifest), input_cfg=[{"type": "nemo"}]))
+    with pytest.raises(NotImplementedError, match="'min_tps' is not supported yet"):
+        read_cuts(LoaderConfig(manifest_filepath=str(manifest), min_tps=2.0))
     with pytest.raises(ValueError, match="Set batch_size or batch_duration"):
         build_sampler(read_cuts(LoaderConfig(manifest_filepath=str(manifest))), LoaderConfig(), 0, 1)
 
@@ -116,3 +116,29 @@ def test_estimate_duration_bins_splits_audio_evenly(manifest, capsys):
     main([str(manifest), "-b", "4"])
     out = capsys.readouterr().out.splitlines()
     assert out[0] == "num_buckets: 4" and out[1].startswith("bucket_duration_bins: [")
+
+
+def test_input_cfg_blends_by_weight_with_tags_and_uses_every_cut(tmp_path):
+    a = make_dtmf_corpus(tmp_path / "a", 300, seed=1)
+    b = make_dtmf_corpus(tmp_path / "b", 300, seed=2)
+    cuts_b = read_cuts(LoaderConfig(manifest_filepath=str(b)))
+    cuts_b.to_file(tmp_path / "b.jsonl.gz")
+    cfg = LoaderConfig(
+        input_cfg=[
+            {"type": "nemo", "manifest_filepath": str(a), "weight": 3.0, "tags": {"corpus": "a"}},
+            {"type": "group", "weight": 1.0, "input_cfg": [
+                {"type": "lhotse", "cuts_path": str(tmp_path / "b.jsonl.gz"), "tags": {"corpus": "b"}},
+            ]},
+        ],
+        seed=4,
+    )  # fmt: skip
+    blended = list(read_cuts(cfg))
+    assert len(blended) == 600 and len({c.id for c in blended}) == 600
+    head = [c.custom["corpus"] for c in blended[:200]]
+    assert 0.65 <= head.count("a") / len(head) <= 0.85, head.count("a")
+    with pytest.raises(ValueError, match=r"input_cfg\[0\].weight must be positive"):
+        read_cuts(LoaderConfig(input_cfg=[{"manifest_filepath": str(a), "weight": 0}]))
+    with pytest.raises(ValueError, match=r"input_cfg\[0\]: unknown key\(s\) \['manifest'\]"):
+        read_cuts(LoaderConfig(input_cfg=[{"manifest": str(a)}]))
+    with pytest.raises(ValueError, match="not a source type"):
+        read_cuts(LoaderConfig(input_cfg=[{"type": "tarred", "manifest_filepath": str(a)}]))
