@@ -4,6 +4,7 @@ log-mel (fp32) -> strided Conv1d (subsampling) -> residual depthwise-separable c
 The CTC blank is the last output index, after the tokenizer's characters (NeMo's convention).
 """
 
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,8 @@ from speechtrain.core.optim import OptimConfig
 from speechtrain.data.lhotse_loader import AsrCutDataset, LoaderConfig, get_lhotse_dataloader_from_config
 from speechtrain.data.synthetic import resolve_manifest
 from speechtrain.lightning import parallel_state
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -222,6 +225,13 @@ class ConvCTCModel(SpeechModel):
             parallel_state.data_parallel_world_size(),
             AsrCutDataset(self.tokenizer, self.cfg.sample_rate),
         )
+
+    def on_train_epoch_end(self) -> None:
+        """Reports the utterances skipped during the epoch (read in this process; loader workers count apart)."""
+        dataset = getattr(self._train_loader, "dataset", None)
+        summary = dataset.reader.take_summary() if isinstance(dataset, AsrCutDataset) else None
+        if summary:
+            logger.warning("Epoch %d: %s", self.current_epoch, summary)
 
     def train_dataloader(self) -> DataLoader:
         if self._train_loader is None:

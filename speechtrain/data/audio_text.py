@@ -50,12 +50,24 @@ class UtteranceReader:
 
     Attributes:
         skipped: Counts of bad utterances by reason (see ``SKIP_REASONS``).
+        examples: The first culprit's path for each reason.
     """
 
     def __init__(self, tokenizer: TextEncoder, sample_rate: int) -> None:
         self.tokenizer = tokenizer
         self.sample_rate = sample_rate
         self.skipped: Counter[str] = Counter()
+        self.examples: dict[str, str] = {}
+
+    def take_summary(self) -> str | None:
+        """A line about the utterances skipped since the last call (None if there were none); counts restart."""
+        if not self.skipped:
+            return None
+        parts = [f"{reason}={count} (e.g. {self.examples[reason]})" for reason, count in sorted(self.skipped.items())]
+        line = f"skipped {sum(self.skipped.values())} utterances: " + ", ".join(parts)
+        self.skipped.clear()
+        self.examples.clear()
+        return line
 
     def read(self, record: dict[str, Any]) -> dict[str, Any] | None:
         """Load the utterance of a manifest record (``audio_filepath``, ``offset``, ``duration``, ``text``).
@@ -100,6 +112,7 @@ class UtteranceReader:
 
     def _skip(self, reason: str, path: str, detail: str) -> None:
         self.skipped[reason] += 1
+        self.examples.setdefault(reason, path)
         if reason not in _warned_reasons:
             _warned_reasons.add(reason)
             logger.warning(

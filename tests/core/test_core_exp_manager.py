@@ -1,5 +1,7 @@
 import csv
 import importlib.util
+import json
+import logging
 from pathlib import Path
 
 import pytest
@@ -132,3 +134,20 @@ def test_run_crashed_mid_epoch_resumes_on_the_same_batches(tmp_path, dtmf_manife
     expected, resumed = _final_weights(straight), _final_weights(split)
     for key in expected:
         torch.testing.assert_close(resumed[key], expected[key], rtol=0, atol=0, msg=key)
+
+
+def test_bad_files_are_skipped_and_summarised_per_epoch(tmp_path, dtmf_manifest, caplog):
+    records = [json.loads(line) for line in dtmf_manifest.read_text().splitlines()]
+    for record in records:
+        record["audio_filepath"] = str(dtmf_manifest.parent / record["audio_filepath"])
+    records[5]["audio_filepath"] = str(tmp_path / "gone.wav")
+    records[9]["text"] = ""
+    bad = tmp_path / "bad.json"
+    bad.write_text("".join(json.dumps(r) + "\n" for r in records))
+    main = _example_main()
+    with caplog.at_level(logging.WARNING, logger="speechtrain"):
+        main(_job(tmp_path, dtmf_manifest, "trainer.max_epochs=1", f"model.train_ds.manifest_filepath={bad}"))
+    summaries = [r.getMessage() for r in caplog.records if "Epoch 0: skipped" in r.getMessage()]
+    assert summaries == [f"Epoch 0: skipped 2 utterances: empty_text=1 (e.g. {records[9]['audio_filepath']}), "
+                         f"missing_audio=1 (e.g. {tmp_path / 'gone.wav'})"]  # fmt: skip
+    assert (_run_folder(tmp_path) / "asr_demo.stm").is_file(), "the run finished despite the bad files"
