@@ -14,6 +14,7 @@ Construction, data setup, optimizer setup and weight loading are announced on th
 """
 
 import fnmatch
+import importlib
 import logging
 import math
 import random
@@ -210,8 +211,6 @@ class SpeechModel(pl.LightningModule):
         if not target:
             raise ValueError(f"{source} does not name its model class; call restore_from on the class itself.")
         if target not in SpeechModel.registry and target.startswith("speechtrain."):
-            import importlib
-
             importlib.import_module(target.rpartition(".")[0])
         if target not in SpeechModel.registry:
             raise ValueError(

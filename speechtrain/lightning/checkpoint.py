@@ -37,16 +37,21 @@ def _shard_name(tp_rank: int, pp_rank: int) -> str:
     return f"tp{tp_rank:02d}_pp{pp_rank:03d}.ckpt"
 
 
+def _remove(path: Path) -> None:
+    if path.is_dir():
+        shutil.rmtree(path)
+    else:
+        path.unlink(missing_ok=True)
+
+
 def _replace(tmp: Path, path: Path) -> None:
     """Move ``tmp`` to ``path``; an existing ``path`` is removed only once ``tmp`` is in place."""
     old = path.with_name(path.name + ".old")
     if path.exists():
-        if old.exists():
-            shutil.rmtree(old) if old.is_dir() else old.unlink()
+        _remove(old)
         os.replace(path, old)
     os.replace(tmp, path)
-    if old.exists():
-        shutil.rmtree(old) if old.is_dir() else old.unlink()
+    _remove(old)
 
 
 def save_checkpoint(checkpoint: dict[str, Any], path: str | os.PathLike) -> None:
@@ -62,8 +67,7 @@ def save_checkpoint(checkpoint: dict[str, Any], path: str | os.PathLike) -> None
         _barrier()
         return
     if _is_global_zero():
-        if tmp.exists():
-            shutil.rmtree(tmp) if tmp.is_dir() else tmp.unlink()
+        _remove(tmp)
         tmp.mkdir(parents=True)
     _barrier()
     if parallel_state.data_parallel_rank() == 0:
@@ -111,8 +115,8 @@ def load_checkpoint(path: str | os.PathLike, weights_only: bool = True) -> dict[
 def remove_checkpoint(path: str | os.PathLike) -> None:
     """Delete a checkpoint file or folder (global rank 0)."""
     path = Path(path)
-    if _is_global_zero() and path.exists():
-        shutil.rmtree(path) if path.is_dir() else path.unlink()
+    if _is_global_zero():
+        _remove(path)
 
 
 def gather_full_state_dict(module: torch.nn.Module) -> dict[str, torch.Tensor]:

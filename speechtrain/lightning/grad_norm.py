@@ -23,15 +23,11 @@ def grad_norm(parameters: Iterable[torch.nn.Parameter], norm_type: float = 2.0) 
     """The global gradient norm over all model-parallel ranks (identical on every rank)."""
     grads = [p.grad.detach() for p in parameters if p.grad is not None and _counts_once(p)]
     group = parallel_state.model_parallel_group()
-    distributed = group is not None and torch.distributed.get_world_size(group) > 1
     if norm_type == float("inf"):
         total = torch.stack([g.abs().max().float() for g in grads]).max() if grads else torch.zeros(())
-        if distributed:
-            torch.distributed.all_reduce(total, op=torch.distributed.ReduceOp.MAX, group=group)
-        return total
+        return parallel_state.all_reduce(total, group, op=torch.distributed.ReduceOp.MAX)
     total = sum((g.float().norm(norm_type) ** norm_type for g in grads), torch.zeros(()))
-    if distributed:
-        torch.distributed.all_reduce(total, group=group)
+    parallel_state.all_reduce(total, group)
     return total ** (1.0 / norm_type)
 
 

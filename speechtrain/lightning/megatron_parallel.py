@@ -60,17 +60,11 @@ def _slice(batch: Any, start: int, end: int) -> Any:
     return batch
 
 
-def _all_reduce(tensor: torch.Tensor, group: Any) -> torch.Tensor:
-    if group is not None and torch.distributed.get_world_size(group) > 1:
-        torch.distributed.all_reduce(tensor, group=group)
-    return tensor
-
-
 def global_token_count(num_tokens: torch.Tensor | None) -> torch.Tensor:
     """The token count of the whole global batch (only the last pipeline stage counted; all ranks learn it)."""
     total = torch.zeros((), dtype=torch.float64) if num_tokens is None else num_tokens.detach().double().reshape(())
-    total = _all_reduce(total, parallel_state.pipeline_parallel_group())
-    return _all_reduce(total, parallel_state.data_parallel_group())
+    total = parallel_state.all_reduce(total, parallel_state.pipeline_parallel_group())
+    return parallel_state.all_reduce(total, parallel_state.data_parallel_group())
 
 
 class MegatronParallel:
@@ -171,6 +165,6 @@ class MegatronParallel:
     @staticmethod
     def _reduce_loss(sums: torch.Tensor) -> torch.Tensor:
         """(loss_sum, num_tokens) of this rank -> the loss per token of the global batch, on every rank."""
-        sums = _all_reduce(sums, parallel_state.pipeline_parallel_group())
-        sums = _all_reduce(sums, parallel_state.data_parallel_group())
+        sums = parallel_state.all_reduce(sums, parallel_state.pipeline_parallel_group())
+        sums = parallel_state.all_reduce(sums, parallel_state.data_parallel_group())
         return (sums[0] / sums[1].clamp(min=1)).float()

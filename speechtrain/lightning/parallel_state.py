@@ -85,6 +85,13 @@ def pipeline_parallel_group() -> Any:
     return mpu.get_pipeline_model_parallel_group() if mpu else None
 
 
+def all_reduce(tensor: torch.Tensor, group: Any, op: Any = None) -> torch.Tensor:
+    """In-place all-reduce (sum by default) over ``group``; a no-op without a group of two or more ranks."""
+    if group is not None and torch.distributed.get_world_size(group) > 1:
+        torch.distributed.all_reduce(tensor, op=op or torch.distributed.ReduceOp.SUM, group=group)
+    return tensor
+
+
 def model_parallel_group() -> Any:
     """The tensor x pipeline group of this rank (None when there is no model parallelism)."""
     mpu = _mpu()

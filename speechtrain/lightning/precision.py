@@ -140,9 +140,7 @@ class MegatronMixedPrecision(Precision):
                 if p.grad is not None:
                     p.grad.mul_(inverse)
                     found += (~torch.isfinite(p.grad)).any().float()
-        mp_group = parallel_state.model_parallel_group()
-        if mp_group is not None and torch.distributed.get_world_size(mp_group) > 1:
-            torch.distributed.all_reduce(found, group=mp_group)
+        parallel_state.all_reduce(found, parallel_state.model_parallel_group())
         return bool(found > 0)
 
     def optimizer_step(

@@ -5,7 +5,7 @@ initialised (``MegatronStrategy``), with its weights sharded over the tensor-par
 same initial weights from the same seed, so a TP=2 model is the TP=1 model cut in pieces.
 """
 
-from speechtrain.nn.parallel import ColumnParallelLinear, RowParallelLinear, param_is_tp_duplicate
+from speechtrain.nn.parallel import ColumnParallelLinear, RowParallelLinear
 from speechtrain.nn.transformer import FeedForward, MultiHeadAttention, TransformerBlock
 
 __all__ = [
@@ -14,5 +14,4 @@ __all__ = [
     "MultiHeadAttention",
     "RowParallelLinear",
     "TransformerBlock",
-    "param_is_tp_duplicate",
 ]

@@ -7,6 +7,7 @@ TP > 1. State dicts of both paths have the same keys.
 """
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -14,14 +15,6 @@ import torch.nn.functional as F
 from speechtrain.lightning import parallel_state
 
 InitMethod = Callable[[torch.Tensor], torch.Tensor]
-
-
-def param_is_tp_duplicate(param: torch.nn.Parameter) -> bool:
-    """True for a parameter that every tensor-parallel rank holds a full copy of, on ranks other than 0.
-
-    Norms of gradients count such parameters once (on TP rank 0).
-    """
-    return not getattr(param, "tensor_model_parallel", False) and parallel_state.tensor_parallel_rank() != 0
 
 
 def _megatron_config(tp_size: int):  # noqa: ANN202 (Megatron's ModelParallelConfig)
@@ -53,8 +46,28 @@ class _PlainLinear(torch.nn.Module):
         return F.linear(x, self.weight, self.bias)
 
 
-class ColumnParallelLinear(torch.nn.Module):
+def _affine(kind: str, in_features: int, out_features: int, bias: bool, init_method: InitMethod, **kwargs: Any):  # noqa: ANN202
+    """Megatron's ``kind`` layer under TP > 1, else the plain layer (the same map; Megatron's backward is slower)."""
+    tp = parallel_state.tensor_parallel_world_size()
+    if tp == 1:
+        return _PlainLinear(in_features, out_features, bias, init_method)
+    config = _megatron_config(tp)  # imports Megatron quietly first
+    from megatron.core import tensor_parallel
+
+    layer = getattr(tensor_parallel, kind)
+    return layer(in_features, out_features, config=config, init_method=init_method, bias=bias, **kwargs)
+
+
+class _ParallelLinear(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.linear(x)
+        return out[0] if isinstance(out, tuple) else out  # Megatron's layers return (output, bias)
+
+
+class ColumnParallelLinear(_ParallelLinear):
     """``y = x W^T + b`` with ``W``'s rows (output features) split over the tensor-parallel ranks.
+
+    Forward: (..., in) -> (..., out / TP), or (..., out) with ``gather_output``.
 
     Args:
         in_features: input width.
@@ -76,29 +89,14 @@ class ColumnParallelLinear(torch.nn.Module):
         tp = parallel_state.tensor_parallel_world_size()
         if out_features % tp:
             raise ValueError(f"out_features={out_features} is not divisible by tensor_model_parallel_size={tp}.")
-        self.out_features_per_rank = out_features // tp
-        if tp > 1:  # at TP=1 Megatron's layer is the same affine map, with a slower backward
-            from megatron.core import tensor_parallel
-
-            self.linear = tensor_parallel.ColumnParallelLinear(
-                in_features,
-                out_features,
-                config=_megatron_config(tp),
-                init_method=init_method,
-                bias=bias,
-                gather_output=gather_output,
-            )
-        else:
-            self.linear = _PlainLinear(in_features, out_features, bias, init_method)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x: (..., in) -> (..., out / TP), or (..., out) with ``gather_output``."""
-        out = self.linear(x)
-        return out[0] if isinstance(out, tuple) else out
+        kwargs = {"gather_output": gather_output} if tp > 1 else {}
+        self.linear = _affine("ColumnParallelLinear", in_features, out_features, bias, init_method, **kwargs)
 
 
-class RowParallelLinear(torch.nn.Module):
+class RowParallelLinear(_ParallelLinear):
     """``y = x W^T + b`` with ``W``'s columns (input features) split over the TP ranks; outputs all-reduced.
+
+    Forward: (..., in / TP) (or (..., in) without ``input_is_parallel``) -> (..., out), identical on all ranks.
 
     Args:
         in_features: full input width (divisible by the TP size).
@@ -120,22 +118,5 @@ class RowParallelLinear(torch.nn.Module):
         tp = parallel_state.tensor_parallel_world_size()
         if in_features % tp:
             raise ValueError(f"in_features={in_features} is not divisible by tensor_model_parallel_size={tp}.")
-        if tp > 1:  # at TP=1 Megatron's layer is the same affine map, with a slower backward
-            from megatron.core import tensor_parallel
-
-            self.linear = tensor_parallel.RowParallelLinear(
-                in_features,
-                out_features,
-                config=_megatron_config(tp),
-                init_method=init_method,
-                bias=bias,
-                input_is_parallel=input_is_parallel,
-                skip_bias_add=False,
-            )
-        else:
-            self.linear = _PlainLinear(in_features, out_features, bias, init_method)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x: (..., in / TP) (or (..., in) without ``input_is_parallel``) -> (..., out), identical on all ranks."""
-        out = self.linear(x)
-        return out[0] if isinstance(out, tuple) else out
+        kwargs = {"input_is_parallel": input_is_parallel, "skip_bias_add": False} if tp > 1 else {}
+        self.linear = _affine("RowParallelLinear", in_features, out_features, bias, init_method, **kwargs)
