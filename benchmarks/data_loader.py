@@ -15,8 +15,8 @@ import random
 import time
 
 from speechtrain.asr.tokenizers import CharTokenizer
+from speechtrain.data.cut_datasets import AsrCutDataset
 from speechtrain.data.lhotse_loader import (
-    AsrCutDataset,
     LoaderConfig,
     build_sampler,
     get_lhotse_dataloader_from_config,

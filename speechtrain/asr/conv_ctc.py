@@ -21,7 +21,9 @@ from speechtrain.asr.metrics import word_errors
 from speechtrain.asr.tokenizers import CharTokenizer
 from speechtrain.core.model import SpeechModel
 from speechtrain.core.optim import OptimConfig
-from speechtrain.data.lhotse_loader import AsrCutDataset, LoaderConfig, get_lhotse_dataloader_from_config
+from speechtrain.data.audio_text import SkipTally
+from speechtrain.data.cut_datasets import AsrCutDataset, is_empty_batch
+from speechtrain.data.lhotse_loader import LoaderConfig, get_lhotse_dataloader_from_config, loader_config
 from speechtrain.data.synthetic import resolve_manifest
 from speechtrain.lightning import parallel_state
 
@@ -115,6 +117,7 @@ class ConvCTCModel(SpeechModel):
         self.decoder = torch.nn.Linear(enc.d_model, self.tokenizer.vocab_size + 1)
         self.blank = self.tokenizer.vocab_size
         self._val_sums = torch.zeros(4, dtype=torch.float64)  # loss * tokens, tokens, word errors, words
+        self._skips = SkipTally()  # bad utterances of the training epoch, as reported by the batches
 
     def forward(self, audio: torch.Tensor, audio_lens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Per-frame log-probabilities.
@@ -175,7 +178,7 @@ class ConvCTCModel(SpeechModel):
         return self.ctc_loss(log_probs, lengths, batch), batch["token_lens"].sum()
 
     def training_step(self, batch: dict[str, Any] | None, batch_idx: int) -> torch.Tensor | None:
-        if batch is None:
+        if is_empty_batch(batch):
             return None
         loss_sum, tokens = self.loss_step(batch, self.forward_step(batch))
         loss = loss_sum / tokens.clamp(min=1)
@@ -186,7 +189,7 @@ class ConvCTCModel(SpeechModel):
         self._val_sums.zero_()
 
     def validation_step(self, batch: dict[str, Any] | None, batch_idx: int) -> None:
-        if batch is None:
+        if is_empty_batch(batch):
             return
         log_probs, lengths = self(batch["audio"], batch["audio_lens"])
         hyps = self.greedy_decode(log_probs, lengths)
@@ -216,20 +219,24 @@ class ConvCTCModel(SpeechModel):
     def _build_loader(self, ds_cfg: Any) -> DataLoader | None:
         if not ds_cfg.manifest_filepath:
             return None
-        cfg = OmegaConf.to_object(ds_cfg)
+        cfg = loader_config(OmegaConf.to_object(ds_cfg))
         cfg.manifest_filepath = str(resolve_manifest(cfg.manifest_filepath))
         cfg.sample_rate = self.cfg.sample_rate
         return get_lhotse_dataloader_from_config(
             cfg,
             parallel_state.data_parallel_rank(),
             parallel_state.data_parallel_world_size(),
-            AsrCutDataset(self.tokenizer, self.cfg.sample_rate),
+            AsrCutDataset.from_config(self.tokenizer, cfg),
         )
 
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        super().on_train_batch_start(batch, batch_idx)
+        self._skips.add_batch(batch)
+
     def on_train_epoch_end(self) -> None:
-        """Reports the utterances skipped during the epoch (read in this process; loader workers count apart)."""
-        dataset = getattr(self._train_loader, "dataset", None)
-        summary = dataset.reader.take_summary() if isinstance(dataset, AsrCutDataset) else None
+        """Reports the utterances skipped during the epoch (batches carry their counts, so loader workers' skips
+        are included)."""
+        summary = self._skips.take_summary()
         if summary:
             logger.warning("Epoch %d: %s", self.current_epoch, summary)
 
@@ -271,3 +278,28 @@ class ConvCTCModel(SpeechModel):
         if rate != self.cfg.sample_rate:
             raise ValueError(f"{item}: sample rate {rate} Hz, but the model expects {self.cfg.sample_rate} Hz.")
         return torch.from_numpy(data.mean(axis=1))
+
+    # --------------------------------------------------------------------------------------- memory planning
+    def example_batch(self, batch_size: int, duration: float, tokens_per_second: float = 20.0) -> dict[str, Any]:
+        """A synthetic worst-case training batch for :mod:`speechtrain.data.oomptimizer`.
+
+        Every utterance lasts ``duration`` seconds and carries a transcript as long as a fast speaker's
+        (``tokens_per_second`` characters), bounded by what CTC can align: one token per output frame.
+
+        Returns:
+            the batch dict of :func:`~speechtrain.data.audio_text.collate_audio_text`, on the model's device:
+            ``audio`` (B, T), ``audio_lens`` (B,), ``tokens`` (B, U), ``token_lens`` (B,), ``ids``.
+        """
+        samples = max(1, round(duration * self.cfg.sample_rate))
+        frames = samples // self.preprocessor.hop + 1
+        out_frames = (frames - 1) // self.subsample.stride[0] + 1
+        num_tokens = max(1, min(out_frames, round(duration * tokens_per_second)))
+        audio = 0.1 * torch.randn(batch_size, samples, generator=torch.Generator().manual_seed(0))
+        tokens = (torch.arange(num_tokens) % self.tokenizer.vocab_size).expand(batch_size, num_tokens)
+        return {
+            "ids": [f"example-{i}" for i in range(batch_size)],
+            "audio": audio.to(self.device),
+            "audio_lens": torch.full((batch_size,), samples, device=self.device),
+            "tokens": tokens.contiguous().to(self.device),
+            "token_lens": torch.full((batch_size,), num_tokens, device=self.device),
+        }

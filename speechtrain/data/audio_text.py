@@ -1,6 +1,7 @@
 """Map-style dataset of (audio, transcript tokens) pairs read from a NeMo manifest, and its collator.
 
-Bad utterances (missing or unreadable audio, empty or non-finite audio, wrong sample rate, empty or
+Audio stored at another sample rate is resampled on the fly (or, with ``resample=False``, skipped as
+``wrong_sample_rate``). Bad utterances (missing or unreadable audio, empty or non-finite audio, empty or
 untokenizable transcript) do not stop training: ``__getitem__`` returns None, counts the reason in
 ``skipped`` and logs one warning per reason per process; :func:`collate_audio_text` drops them.
 """
@@ -41,82 +42,173 @@ class TextEncoder(Protocol):
     def encode(self, text: str) -> list[int]: ...
 
 
-class UtteranceReader:
-    """Reads and checks one utterance: audio from its file (mono, at the expected rate) and encoded transcript.
+class SkipTally:
+    """Counts of skipped utterances by reason, with the first culprit's path for each reason.
 
-    Args:
-        tokenizer: Encodes transcripts; must raise ``ValueError`` on text it cannot encode.
-        sample_rate: Expected sample rate in Hz (files at another rate are skipped).
-
-    Attributes:
-        skipped: Counts of bad utterances by reason (see ``SKIP_REASONS``).
-        examples: The first culprit's path for each reason.
+    Loader workers each count in their own process; batches carry their counts (``batch["skipped"]``,
+    ``batch["skip_examples"]``), and the training process adds them up with :meth:`add_batch`.
     """
 
-    def __init__(self, tokenizer: TextEncoder, sample_rate: int) -> None:
-        self.tokenizer = tokenizer
-        self.sample_rate = sample_rate
-        self.skipped: Counter[str] = Counter()
+    def __init__(self) -> None:
+        self.counts: Counter[str] = Counter()
         self.examples: dict[str, str] = {}
+
+    def add(self, reason: str, path: str, count: int = 1) -> None:
+        self.counts[reason] += count
+        self.examples.setdefault(reason, path)
+
+    def add_batch(self, batch: dict[str, Any] | None) -> None:
+        """Add the skips a collated batch reports (no-op for batches without them)."""
+        if not batch:
+            return
+        examples = batch.get("skip_examples", {})
+        for reason, count in batch.get("skipped", {}).items():
+            self.add(reason, examples.get(reason, "?"), count)
 
     def take_summary(self) -> str | None:
         """A line about the utterances skipped since the last call (None if there were none); counts restart."""
-        if not self.skipped:
+        if not self.counts:
             return None
-        parts = [f"{reason}={count} (e.g. {self.examples[reason]})" for reason, count in sorted(self.skipped.items())]
-        line = f"skipped {sum(self.skipped.values())} utterances: " + ", ".join(parts)
-        self.skipped.clear()
+        parts = [f"{reason}={count} (e.g. {self.examples[reason]})" for reason, count in sorted(self.counts.items())]
+        line = f"skipped {sum(self.counts.values())} utterances: " + ", ".join(parts)
+        self.counts.clear()
         self.examples.clear()
         return line
 
-    def read(self, record: dict[str, Any]) -> dict[str, Any] | None:
-        """Load the utterance of a manifest record (``audio_filepath``, ``offset``, ``duration``, ``text``).
+
+class UtteranceReader:
+    """Reads and checks one utterance: audio (mono, at the expected rate) and its encoded transcript.
+
+    Args:
+        tokenizer: Encodes transcripts; must raise ``ValueError`` on text it cannot encode.
+        sample_rate: Expected sample rate in Hz.
+        resample: Resample audio stored at another rate (True, the default); False skips such files.
+
+    Attributes:
+        tally: Bad utterances by reason (see ``SKIP_REASONS``) with example paths.
+        last_skip: ``(reason, path)`` of the latest skipped utterance.
+    """
+
+    def __init__(self, tokenizer: TextEncoder, sample_rate: int, resample: bool = True) -> None:
+        self.tokenizer = tokenizer
+        self.sample_rate = sample_rate
+        self.resample = resample
+        self.tally = SkipTally()
+        self.last_skip: tuple[str, str] | None = None
+
+    @property
+    def skipped(self) -> Counter[str]:
+        return self.tally.counts
+
+    @property
+    def examples(self) -> dict[str, str]:
+        return self.tally.examples
+
+    def take_summary(self) -> str | None:
+        """A line about the utterances skipped since the last call (None if there were none); counts restart."""
+        return self.tally.take_summary()
+
+    def read(self, record: dict[str, Any], load_audio: bool = True) -> dict[str, Any] | None:
+        """Load the utterance of a manifest record (``audio_filepath``, ``offset``, ``duration``, ``text``; a ``text``
+        of None reads the audio only).
+
+        ``offset > 0`` (or ``segment: True``) reads ``duration`` seconds from ``offset``; otherwise the whole file.
 
         Returns:
-            ``{"id": str, "audio": FloatTensor (T,), "tokens": LongTensor (U,)}``, or None if the utterance
-            is bad (the reason is counted in ``skipped`` and warned about once per process).
+            ``{"id": str, "audio": FloatTensor (T,), "tokens": LongTensor (U,), "text": str}`` (no ``audio`` when
+            ``load_audio`` is False), or None if the utterance is bad (the reason is counted and warned about once
+            per process).
         """
         path = record["audio_filepath"]
-        text = record["text"]
-        if not text.strip():
-            return self._skip("empty_text", path, "the transcript is empty")
-        try:
-            tokens = self.tokenizer.encode(text)
-        except ValueError as e:
-            return self._skip("unencodable_text", path, str(e))
+        item = {"id": _utterance_id(record), "text": record["text"]}
+        if record["text"] is not None:  # None: audio only (e.g. a reference voice), no transcript to check
+            item["tokens"] = self._encode(record["text"], path)
+            if item["tokens"] is None:
+                return None
+        if not load_audio:
+            return item
         if not os.path.isfile(path):
-            return self._skip("missing_audio", path, "the audio file does not exist")
+            return self.skip("missing_audio", path, "the audio file does not exist")
         try:
             with sf.SoundFile(path) as f:
-                if f.samplerate != self.sample_rate:
-                    return self._skip(
-                        "wrong_sample_rate", path, f"sample rate {f.samplerate} Hz, expected {self.sample_rate} Hz"
-                    )
+                rate = f.samplerate
+                if rate != self.sample_rate and not self.resample:
+                    detail = f"sample rate {rate} Hz, expected {self.sample_rate} Hz"
+                    return self.skip("wrong_sample_rate", path, detail)
                 frames = -1
-                if record["offset"] > 0:
-                    f.seek(min(round(record["offset"] * f.samplerate), f.frames))
-                    frames = round(record["duration"] * f.samplerate)
+                if record["offset"] > 0 or record.get("segment"):
+                    f.seek(min(round(record["offset"] * rate), f.frames))
+                    frames = round(record["duration"] * rate)
                 audio = f.read(frames, dtype="float32", always_2d=True)
         except (RuntimeError, OSError, ValueError) as e:
-            return self._skip("unreadable_audio", path, f"{type(e).__name__}: {e}")
-        if audio.shape[0] == 0:
-            return self._skip("empty_audio", path, "the audio has no samples")
-        audio = audio.mean(axis=1)  # (T, C) -> (T,)
-        if not np.isfinite(audio).all():
-            return self._skip("non_finite_audio", path, "the audio holds NaN or infinite samples")
-        return {
-            "id": _utterance_id(record),
-            "audio": torch.from_numpy(audio),
-            "tokens": torch.tensor(tokens, dtype=torch.long),
-        }
+            return self.skip("unreadable_audio", path, f"{type(e).__name__}: {e}")
+        audio = self._check_audio(audio, rate, path)
+        if audio is None:
+            return None
+        item["audio"] = audio
+        return item
 
-    def _skip(self, reason: str, path: str, detail: str) -> None:
-        self.skipped[reason] += 1
-        self.examples.setdefault(reason, path)
+    def read_cut(self, cut: Any, load_audio: bool = True) -> dict[str, Any] | None:
+        """Like :meth:`read` for a lhotse cut: file-backed cuts are read directly, others (Shar, in-memory) through
+        lhotse. The item's ``id`` is the cut's ID."""
+        text = " ".join(s.text or "" for s in cut.supervisions)
+        source = cut.recording.sources[0] if cut.has_recording else None
+        if source is not None and source.type == "file":
+            record = {"audio_filepath": source.source, "offset": cut.start, "duration": cut.duration, "text": text,
+                      "segment": cut.start > 0 or cut.duration < cut.recording.duration - 1e-3}  # fmt: skip
+            item = self.read(record, load_audio)
+            if item is not None:
+                item["id"] = cut.id
+            return item
+        path = f"{cut.id} ({source.type if source is not None else 'no recording'})"
+        tokens = self._encode(text, path)
+        if tokens is None:
+            return None
+        item = {"id": cut.id, "tokens": tokens, "text": text}
+        if not load_audio:
+            return item
+        if source is None:
+            return self.skip("missing_audio", path, "the cut has no recording")
+        try:
+            audio = cut.load_audio()  # (C, T)
+        except Exception as e:  # noqa: BLE001 - any decoder failure is a bad utterance, not a dead run
+            return self.skip("unreadable_audio", path, f"{type(e).__name__}: {e}")
+        audio = self._check_audio(np.asarray(audio, dtype=np.float32).T, cut.sampling_rate, path)
+        if audio is None:
+            return None
+        item["audio"] = audio
+        return item
+
+    def _encode(self, text: str, path: str) -> torch.Tensor | None:
+        if not text.strip():
+            return self.skip("empty_text", path, "the transcript is empty")
+        try:
+            return torch.tensor(self.tokenizer.encode(text), dtype=torch.long)
+        except ValueError as e:
+            return self.skip("unencodable_text", path, str(e))
+
+    def _check_audio(self, audio: np.ndarray, rate: int, path: str) -> torch.Tensor | None:
+        """(T, C) samples -> mono (T,) tensor at ``sample_rate``, or None (skipped) if empty or not finite."""
+        if audio.shape[0] == 0:
+            return self.skip("empty_audio", path, "the audio has no samples")
+        audio = audio.mean(axis=1)
+        if not np.isfinite(audio).all():
+            return self.skip("non_finite_audio", path, "the audio holds NaN or infinite samples")
+        waveform = torch.from_numpy(np.ascontiguousarray(audio))
+        if rate != self.sample_rate:
+            from speechtrain.data.augment import resample
+
+            waveform = resample(waveform, rate, self.sample_rate)
+        return waveform
+
+    def skip(self, reason: str, path: str, detail: str) -> None:
+        """Count a bad utterance (warning once per reason per process); returns None for ``return self.skip(...)``."""
+        self.tally.add(reason, path)
+        self.last_skip = (reason, path)
         if reason not in _warned_reasons:
             _warned_reasons.add(reason)
             logger.warning(
-                "skipping utterance %s (%s: %s); further '%s' skips are counted silently, see summary()",
+                "skipping utterance %s (%s: %s); further '%s' skips are counted and summarised",
                 path,
                 reason,
                 detail,
@@ -128,7 +220,8 @@ class UtteranceReader:
 class AudioTextDataset(Dataset):
     """Utterances of a NeMo manifest as waveforms and token ids.
 
-    Audio is read with ``soundfile``, averaged to mono and never resampled: a file at another rate is skipped.
+    Audio is read with ``soundfile``, averaged to mono and resampled to ``sample_rate`` when stored at another rate
+    (``resample=False`` skips such files instead).
     A record with ``offset > 0`` reads ``duration`` seconds from ``offset``; otherwise the whole file is read.
 
     Args:
@@ -137,6 +230,7 @@ class AudioTextDataset(Dataset):
         sample_rate: Expected sample rate in Hz.
         max_duration: Drop records longer than this many seconds (None: no limit).
         min_duration: Drop records shorter than this many seconds (None: no limit).
+        resample: Resample files stored at another rate (default); False skips them as ``wrong_sample_rate``.
 
     Attributes:
         records: The kept manifest records.
@@ -156,6 +250,7 @@ class AudioTextDataset(Dataset):
         sample_rate: int = 16000,
         max_duration: float | None = None,
         min_duration: float | None = None,
+        resample: bool = True,
     ) -> None:
         if sample_rate <= 0:
             raise ValueError(f"AudioTextDataset: sample_rate must be > 0, got {sample_rate}")
@@ -164,7 +259,7 @@ class AudioTextDataset(Dataset):
                 f"AudioTextDataset: min_duration={min_duration} is larger than max_duration={max_duration}"
             )
         self.manifest_filepath = Path(manifest_filepath)
-        self.reader = UtteranceReader(tokenizer, sample_rate)
+        self.reader = UtteranceReader(tokenizer, sample_rate, resample)
         self.filtered: Counter[str] = Counter()
         self.records: list[dict[str, Any]] = []
         for record in read_nemo_manifest(self.manifest_filepath):

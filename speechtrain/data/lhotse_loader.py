@@ -15,21 +15,30 @@ CutSet ``.jsonl``/``.jsonl.gz``) and/or ``shar_path`` (lhotse Shar folder). Batc
   checkpoint says were already trained on (``SpeechModel`` saves and restores that position).
 
 - ``input_cfg`` blends several sources by weight, with ``tags`` attached to their cuts (:func:`blend_sources`).
+- Filters: ``min_duration``/``max_duration`` (seconds) and ``min_tps``/``max_tps`` (transcript tokens per second,
+  counted with the dataset's tokenizer; catches misaligned transcripts). What they drop is logged at start.
+- Audio at another rate than ``sample_rate`` is resampled on the fly (``resample: false`` skips it instead);
+  ``augmentation`` (speed, gain, noise; :mod:`speechtrain.data.augment`) is applied by the dataset.
 
-Not yet supported (they raise, naming the key): token-per-second filters and on-the-fly augmentation.
+The sampler yields :class:`CutBatch` es (cuts and epoch); the datasets of :mod:`speechtrain.data.cut_datasets` turn
+them into tensors.
 """
 
 import functools
+import logging
 import warnings
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch.utils.data import DataLoader
 
+from speechtrain.data.augment import AugmentationConfig
 from speechtrain.data.manifest import read_nemo_manifest
+
+logger = logging.getLogger("speechtrain.data")
 
 
 @dataclass
@@ -41,6 +50,7 @@ class LoaderConfig:
     shar_path: str | None = None
     input_cfg: list[Any] | None = None
     sample_rate: int = 16000
+    resample: bool = True
     min_duration: float | None = None
     max_duration: float | None = None
     min_tps: float | None = None
@@ -58,7 +68,27 @@ class LoaderConfig:
     seed: int = 0
     num_workers: int = 0
     drop_last: bool = False
-    augmentation: dict[str, Any] = field(default_factory=dict)
+    augmentation: AugmentationConfig = field(default_factory=AugmentationConfig)
+
+
+class CutBatch(NamedTuple):
+    """What the sampler yields: a batch of cuts and the epoch it belongs to (seeds the augmentations)."""
+
+    cuts: Any
+    epoch: int
+
+
+def loader_config(cfg: "LoaderConfig | Any") -> LoaderConfig:
+    """``cfg`` (a :class:`LoaderConfig` or a mapping / DictConfig of its keys) as a checked :class:`LoaderConfig`;
+    an unknown key fails with the closest known one."""
+    if isinstance(cfg, LoaderConfig):
+        return cfg
+    from omegaconf import DictConfig, OmegaConf
+
+    from speechtrain.core.config import validate_config
+
+    plain = OmegaConf.to_container(cfg) if isinstance(cfg, DictConfig) else dict(cfg)
+    return OmegaConf.to_object(validate_config(plain, LoaderConfig))
 
 
 def _as_list(value: Any) -> list[str]:
@@ -73,7 +103,7 @@ def cuts_from_nemo_manifest(path: str | Path, sample_rate: int) -> Any:
     """A lhotse CutSet for a NeMo manifest, from its metadata only (no audio is opened here).
 
     Cut IDs are ``<audio file stem>-<hash of the manifest path>-<line index>``. Extra manifest keys are kept as
-    the cut's custom fields; ``lang`` becomes the supervision's language.
+    the cut's custom fields; ``lang`` and ``speaker`` become the supervision's language and speaker.
     """
     from lhotse import CutSet, Recording, SupervisionSegment
     from lhotse.audio import AudioSource
@@ -95,9 +125,10 @@ def cuts_from_nemo_manifest(path: str | Path, sample_rate: int) -> Any:
         )
         supervision = SupervisionSegment(
             id=cut_id, recording_id=cut_id, start=offset, duration=duration, channel=0, text=record["text"],
-            language=record.get("lang"),
+            language=record.get("lang"), speaker=None if record.get("speaker") is None else str(record["speaker"]),
         )  # fmt: skip
-        custom = {k: v for k, v in record.items() if k not in ("audio_filepath", "offset", "duration", "text", "lang")}
+        known = ("audio_filepath", "offset", "duration", "text", "lang", "speaker")
+        custom = {k: v for k, v in record.items() if k not in known}
         cut = MonoCut(id=cut_id, start=offset, duration=duration, channel=0, recording=recording,
                       supervisions=[supervision], custom=custom or None)  # fmt: skip
         cuts.append(cut)
@@ -166,18 +197,11 @@ def blend_sources(sources: list[Any], sample_rate: int, seed: int = 0, where: st
     return parts[0] if len(parts) == 1 else CutSet.mux(*parts, weights=weights, seed=seed)
 
 
-def read_cuts(cfg: LoaderConfig) -> Any:
-    """All inputs of ``cfg`` as one CutSet, filtered by duration."""
+def read_cuts(cfg: LoaderConfig, tokenizer: Any = None) -> Any:
+    """All inputs of ``cfg`` as one CutSet, filtered by duration and by tokens per second (which needs
+    ``tokenizer``)."""
     from lhotse import CutSet
 
-    unsupported = {
-        "min_tps": cfg.min_tps,
-        "max_tps": cfg.max_tps,
-        "augmentation": cfg.augmentation or None,
-    }
-    for key, value in unsupported.items():
-        if value is not None:
-            raise NotImplementedError(f"Dataset config key {key!r} is not supported yet; remove it.")
     parts = [cuts_from_nemo_manifest(p, cfg.sample_rate) for p in _as_list(cfg.manifest_filepath)]
     parts += [CutSet.from_file(p) for p in _as_list(cfg.cuts_path)]
     if cfg.shar_path:
@@ -187,11 +211,53 @@ def read_cuts(cfg: LoaderConfig) -> Any:
     if not parts:
         raise ValueError("The dataset config names no data: set manifest_filepath, cuts_path or shar_path.")
     cuts = parts[0] if len(parts) == 1 else CutSet.from_cuts(c for part in parts for c in part)
-    if cfg.min_duration is not None or cfg.max_duration is not None:
-        low = cfg.min_duration if cfg.min_duration is not None else 0.0
-        high = cfg.max_duration if cfg.max_duration is not None else float("inf")
-        cuts = cuts.filter(lambda c: low <= c.duration <= high)
-    return cuts
+    keep = _CutFilter(cfg, tokenizer)
+    if not keep.active:
+        return cuts
+    filtered = cuts.filter(keep)
+    if not cuts.is_lazy:
+        dropped = ", ".join(f"{reason}={count}" for reason, count in sorted(keep.dropped.items())) or "none"
+        logger.info("dataset filters kept %d of %d utterances (dropped: %s)", len(filtered), len(cuts), dropped)
+    return filtered
+
+
+class _CutFilter:
+    """Duration and tokens-per-second limits as a picklable predicate that counts what it drops."""
+
+    def __init__(self, cfg: LoaderConfig, tokenizer: Any) -> None:
+        self.min_duration, self.max_duration = cfg.min_duration, cfg.max_duration
+        self.min_tps, self.max_tps = cfg.min_tps, cfg.max_tps
+        if (self.min_tps is not None or self.max_tps is not None) and tokenizer is None:
+            raise ValueError("min_tps/max_tps count transcript tokens: they need a dataset with a tokenizer.")
+        for low, high, name in ((self.min_duration, self.max_duration, "duration"),
+                                (self.min_tps, self.max_tps, "tps")):  # fmt: skip
+            if low is not None and high is not None and low > high:
+                raise ValueError(f"min_{name}={low} is larger than max_{name}={high}.")
+        self.tokenizer = tokenizer
+        self.active = any(v is not None for v in (self.min_duration, self.max_duration, self.min_tps, self.max_tps))
+        self.dropped: dict[str, int] = {}
+
+    def _drop(self, reason: str) -> bool:
+        self.dropped[reason] = self.dropped.get(reason, 0) + 1
+        return False
+
+    def __call__(self, cut: Any) -> bool:
+        if self.min_duration is not None and cut.duration < self.min_duration:
+            return self._drop("too_short")
+        if self.max_duration is not None and cut.duration > self.max_duration:
+            return self._drop("too_long")
+        if self.min_tps is None and self.max_tps is None:
+            return True
+        text = " ".join(s.text or "" for s in cut.supervisions)
+        try:
+            tps = len(self.tokenizer.encode(text)) / max(cut.duration, 1e-6)
+        except ValueError:
+            return True  # the dataset skips and counts untokenizable transcripts when it reads them
+        if self.min_tps is not None and tps < self.min_tps:
+            return self._drop("too_few_tokens_per_second")
+        if self.max_tps is not None and tps > self.max_tps:
+            return self._drop("too_many_tokens_per_second")
+        return True
 
 
 def build_sampler(cuts: Any, cfg: LoaderConfig, dp_rank: int, dp_world_size: int) -> Any:
@@ -230,11 +296,17 @@ def _build_sampler(cuts: Any, cfg: LoaderConfig, dp_rank: int, dp_world_size: in
         "max_duration": cfg.batch_duration,
         "quadratic_duration": cfg.quadratic_duration,
     }
-    if cfg.use_bucketing:
+    num_buckets = cfg.num_buckets
+    if cfg.use_bucketing and cfg.bucket_duration_bins is None and not cuts.is_lazy and len(cuts) < num_buckets:
+        # A small set (a dev set, a smoke test) cannot fill the default number of buckets: use fewer.
+        num_buckets = len(cuts)
+        logger.info("only %d utterances: bucketing with %d buckets instead of %d", len(cuts), num_buckets,
+                    cfg.num_buckets)  # fmt: skip
+    if cfg.use_bucketing and num_buckets >= 2:
         # The bucketing sampler shuffles within its buffer (bucket_buffer_size); shuffle_buffer_size is for the
         # non-bucketing sampler.
         return DynamicBucketingSampler(
-            cuts, num_buckets=cfg.num_buckets, duration_bins=cfg.bucket_duration_bins,
+            cuts, num_buckets=num_buckets, duration_bins=cfg.bucket_duration_bins,
             buffer_size=cfg.bucket_buffer_size, **limits, **common,
         )  # fmt: skip
     return DynamicCutSampler(cuts, shuffle_buffer_size=cfg.shuffle_buffer_size, **limits, **common)
@@ -281,40 +353,9 @@ class ResumableSampler:
         # Not ``yield from``: a lhotse sampler is its own iterator and would restart its pass on iter().
         while True:
             try:
-                yield next(batches)
+                yield CutBatch(next(batches), self.epoch)
             except StopIteration:
                 return
-
-
-class AsrCutDataset(torch.utils.data.Dataset):
-    """Turns a CutSet batch into padded audio and token tensors; bad utterances are skipped and counted.
-
-    Args:
-        tokenizer: Encodes transcripts (``ValueError`` on text it cannot encode).
-        sample_rate: Expected sample rate of the audio files.
-    """
-
-    def __init__(self, tokenizer: Any, sample_rate: int = 16000) -> None:
-        from speechtrain.data.audio_text import UtteranceReader
-
-        self.reader = UtteranceReader(tokenizer, sample_rate)
-
-    def __getitem__(self, cuts: Any) -> dict[str, Any] | None:
-        from speechtrain.data.audio_text import collate_audio_text
-
-        items = []
-        for cut in cuts:
-            record = {
-                "audio_filepath": cut.recording.sources[0].source,
-                "offset": cut.start,
-                "duration": cut.duration,
-                "text": " ".join(s.text or "" for s in cut.supervisions),
-            }
-            item = self.reader.read(record)
-            if item is not None:
-                item["id"] = cut.id
-            items.append(item)
-        return collate_audio_text(items)
 
 
 def get_lhotse_dataloader_from_config(
@@ -326,15 +367,12 @@ def get_lhotse_dataloader_from_config(
         cfg: the dataset config (a :class:`LoaderConfig` or a mapping with its keys).
         dp_rank: this process's data-parallel rank (not its global rank).
         dp_world_size: the number of data-parallel ranks.
-        dataset: maps a CutSet batch to a collated batch (e.g. :class:`AsrCutDataset`).
+        dataset: maps a :class:`CutBatch` to a collated batch (see :mod:`speechtrain.data.cut_datasets`); its
+            ``tokenizer`` attribute, if any, counts tokens for the ``min_tps``/``max_tps`` filters.
     """
-    if not isinstance(cfg, LoaderConfig):
-        from omegaconf import OmegaConf
-
-        from speechtrain.core.config import validate_config
-
-        cfg = OmegaConf.to_object(validate_config(dict(cfg), LoaderConfig))
-    sampler = ResumableSampler(build_sampler(read_cuts(cfg), cfg, dp_rank, dp_world_size))
+    cfg = loader_config(cfg)
+    cuts = read_cuts(cfg, tokenizer=getattr(dataset, "tokenizer", None))
+    sampler = ResumableSampler(build_sampler(cuts, cfg, dp_rank, dp_world_size))
     # Its own generator: starting an epoch's iterator must not draw from the global RNG, or a run resumed
     # mid-epoch (which starts one more iterator) would see different dropout than the uninterrupted run.
     return DataLoader(

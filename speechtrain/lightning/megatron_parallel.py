@@ -140,7 +140,7 @@ class MegatronParallel:
         """
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
-        if batch is None:
+        if batch is None or (isinstance(batch, dict) and "ids" in batch and not batch["ids"]):
             # Every utterance of this rank's batch was unreadable (skipped and counted by the dataset). The rank
             # still takes part in the collectives, contributing nothing.
             if not forward_only:

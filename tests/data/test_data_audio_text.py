@@ -94,6 +94,17 @@ def test_offset_reads_a_segment(tmp_path):
     assert torch.equal(item["audio"], torch.from_numpy(samples[8000:12000]))
 
 
+def test_other_sample_rates_are_resampled_on_the_fly(tmp_path):
+    t = np.arange(8000) / 8000
+    name = _wav(tmp_path / "8k.wav", (0.5 * np.sin(2 * np.pi * 440 * t)).astype(np.float32), sample_rate=8000,
+                subtype="FLOAT")  # fmt: skip
+    item = AudioTextDataset(_manifest(tmp_path, [(name, 1.0, "a")]), TOKENIZER)[0]
+    assert item["audio"].shape == (SR,)
+    # The same tone, now at 16 kHz (away from the edges, where the resampling filter sees zeros).
+    expected = 0.5 * np.sin(2 * np.pi * 440 * np.arange(SR) / SR)
+    assert np.abs(item["audio"].numpy()[200:-200] - expected[200:-200]).max() < 1e-2
+
+
 @pytest.mark.parametrize("reason", SKIP_REASONS)
 def test_each_bad_input_is_skipped_counted_and_warned_once(tmp_path, caplog, reason):
     good = _wav(tmp_path / "good.wav", _tone(800))
@@ -103,7 +114,7 @@ def test_each_bad_input_is_skipped_counted_and_warned_once(tmp_path, caplog, rea
     second = _bad_input(second_folder, reason)
     second = (f"more/{second[0]}", *second[1:])
     manifest = _manifest(tmp_path, [(good, 0.05, "abc"), first, second])
-    dataset = AudioTextDataset(manifest, TOKENIZER)
+    dataset = AudioTextDataset(manifest, TOKENIZER, resample=False)
 
     with caplog.at_level(logging.WARNING, logger="speechtrain.data"):
         items = [dataset[i] for i in range(len(dataset))]
@@ -121,7 +132,7 @@ def test_each_bad_input_is_skipped_counted_and_warned_once(tmp_path, caplog, rea
 
 def test_every_reason_warns_once_across_a_mixed_manifest(tmp_path, caplog):
     manifest = _manifest(tmp_path, [_bad_input(tmp_path, reason) for reason in SKIP_REASONS])
-    dataset = AudioTextDataset(manifest, TOKENIZER)
+    dataset = AudioTextDataset(manifest, TOKENIZER, resample=False)
     with caplog.at_level(logging.WARNING, logger="speechtrain.data"):
         assert collate_audio_text([dataset[i] for i in range(len(dataset))]) is None
         assert all(dataset[i] is None for i in range(len(dataset)))

@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from speechtrain.asr.tokenizers import CharTokenizer
+from speechtrain.data.cut_datasets import AsrCutDataset
 from speechtrain.data.lhotse_loader import (
-    AsrCutDataset,
     LoaderConfig,
     build_sampler,
     get_lhotse_dataloader_from_config,
@@ -70,7 +70,7 @@ def test_duration_filters_and_config_errors(manifest):
     assert len(cuts) > 0 and all(0.8 <= c.duration <= 1.2 for c in cuts)
     with pytest.raises(ValueError, match="names no data"):
         read_cuts(LoaderConfig())
-    with pytest.raises(NotImplementedError, match="'min_tps' is not supported yet"):
+    with pytest.raises(ValueError, match="need a dataset with a tokenizer"):
         read_cuts(LoaderConfig(manifest_filepath=str(manifest), min_tps=2.0))
     with pytest.raises(ValueError, match="Set batch_size or batch_duration"):
         build_sampler(read_cuts(LoaderConfig(manifest_filepath=str(manifest))), LoaderConfig(), 0, 1)
@@ -89,6 +89,7 @@ def test_dataloader_from_config_gives_padded_batches_and_skips_bad_files(manifes
     )
     (batch,) = list(loader)
     assert batch["audio"].shape[0] == 7 and dataset.reader.skipped["missing_audio"] == 1
+    assert batch["skipped"] == {"missing_audio": 1} and batch["skip_examples"]["missing_audio"].endswith("missing.wav")
     assert torch.equal(
         batch["audio_lens"], torch.tensor([(batch["audio"][i] != 0).nonzero().max() + 1 for i in range(7)])
     )
