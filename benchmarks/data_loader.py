@@ -6,7 +6,7 @@
    on the built-in eSpeak corpus and on a skewed mix of 20,000 utterances of 1-30 s (log-uniform durations,
    metadata only: padding depends on durations alone).
 2. Loader throughput in audio-seconds per second (FLAC decoding, checks, tokenising, padding) for
-   num_workers 0 and 2, on the eSpeak corpus.
+   num_workers 0 and 2, on the eSpeak corpus; and with speed perturbation and gain on.
 """
 
 import argparse
@@ -20,6 +20,7 @@ from speechtrain.data.lhotse_loader import (
     LoaderConfig,
     build_sampler,
     get_lhotse_dataloader_from_config,
+    loader_config,
     read_cuts,
 )
 from speechtrain.data.speech_corpus import build_corpus
@@ -44,10 +45,14 @@ def skewed_cuts(count: int = 20000, seed: int = 0):
     )
 
 
-def throughput(manifest: str, texts: list[str], workers: int, batch_duration: float) -> float:
-    dataset = AsrCutDataset(CharTokenizer.from_texts(texts))
+AUGMENT = {"speed": {"factors": [0.9, 1.1], "prob": 0.5}, "gain": {"prob": 0.5}}
+
+
+def throughput(manifest: str, texts: list[str], workers: int, batch_duration: float, augment: bool = False) -> float:
+    cfg = loader_config({"manifest_filepath": manifest, "batch_duration": batch_duration, "num_workers": workers,
+                         "augmentation": AUGMENT if augment else {}})  # fmt: skip
     loader = get_lhotse_dataloader_from_config(
-        {"manifest_filepath": manifest, "batch_duration": batch_duration, "num_workers": workers}, 0, 1, dataset
+        cfg, 0, 1, AsrCutDataset.from_config(CharTokenizer.from_texts(texts), cfg)
     )
     audio = 0.0
     start = time.perf_counter()
@@ -76,6 +81,9 @@ def main() -> None:
     print("|---|---|")
     for workers in (0, 2):
         print(f"| num_workers={workers} | {throughput(manifest, texts, workers, args.batch_duration):.0f} |")
+    for workers in (0, 2):
+        rate = throughput(manifest, texts, workers, args.batch_duration, augment=True)
+        print(f"| num_workers={workers}, speed (p=0.5) + gain (p=0.5) augmentation | {rate:.0f} |")
 
 
 if __name__ == "__main__":
