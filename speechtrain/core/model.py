@@ -14,6 +14,7 @@ Construction, data setup, optimizer setup and weight loading are announced on th
 """
 
 import fnmatch
+import functools
 import importlib
 import logging
 import math
@@ -89,6 +90,51 @@ def _load_source_state_dict(source: "str | Path | SpeechModel | dict[str, torch.
             raise ValueError(f"{path} is not a Lightning checkpoint: it has no 'state_dict'.")
         return checkpoint["state_dict"]
     return read_archive(path).state_dict
+
+
+def check_validation_schedule(trainer: Any, sampler: Any, has_validation: bool) -> None:
+    """Fail at start, with the fix, when a run with validation data would never validate before it stops.
+
+    The training loaders have no length (they are lhotse samplers), so Lightning cannot see this itself: a float
+    ``val_check_interval`` is a fraction of an epoch, counted in batches read from the sampler's metadata.
+    """
+    if not has_validation or trainer.limit_val_batches == 0 or sampler is None:
+        return
+    every_epochs = trainer.check_val_every_n_epoch
+    if every_epochs is not None and trainer.max_epochs is not None and 0 < trainer.max_epochs < every_epochs:
+        raise ValueError(
+            f"This run would never validate: trainer.check_val_every_n_epoch={every_epochs} but "
+            f"trainer.max_epochs={trainer.max_epochs}. Lower check_val_every_n_epoch."
+        )
+    interval = trainer.val_check_interval
+    if every_epochs is None:
+        return  # an int interval counts steps across epochs
+    per_epoch = sampler.batches_per_epoch()
+    if isinstance(interval, int) and interval > per_epoch:
+        raise ValueError(
+            f"This run would never validate: trainer.val_check_interval={interval} batches, but an epoch has "
+            f"{per_epoch}. Set trainer.check_val_every_n_epoch=null to count batches across epochs, or lower it."
+        )
+    within = interval if isinstance(interval, int) else math.ceil(interval * per_epoch)
+    first = (every_epochs - 1) * per_epoch + within
+    batches = trainer.max_steps * trainer.accumulate_grad_batches
+    if trainer.max_steps > 0 and batches < first:
+        raise ValueError(
+            f"This run would never validate: it stops after trainer.max_steps={trainer.max_steps} steps, before the "
+            f"first validation at batch {first} (an epoch has {per_epoch} batches). Set trainer.val_check_interval "
+            "to a number of batches (e.g. trainer.val_check_interval=100 trainer.check_val_every_n_epoch=null)."
+        )
+
+
+def _time_progress(timer: Any) -> float:
+    """Fraction of ``max_time`` spent training, the same number on every rank (rank 0's clock)."""
+    progress = torch.tensor([timer.time_elapsed("train") / timer._duration], dtype=torch.float64)
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        backend = torch.distributed.get_backend()
+        device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
+        progress = progress.to(device)
+        torch.distributed.broadcast(progress, src=0)
+    return float(progress.item())
 
 
 def _rng_state() -> dict[str, Any]:
@@ -311,12 +357,19 @@ class SpeechModel(pl.LightningModule):
                 OmegaConf.merge(OmegaConf.structured(OptimConfig), self.cfg.get("optim", {}))
             )
             optimizer = build_optimizer([p for p in self.parameters() if p.requires_grad], optim_cfg)
-            scheduler = build_scheduler(optimizer, optim_cfg, self._total_steps())
+            timer = self._max_time_timer()
+            if timer is not None:
+                scheduler = build_scheduler(optimizer, optim_cfg, 0, progress=functools.partial(_time_progress, timer))
+            else:
+                scheduler = build_scheduler(optimizer, optim_cfg, self._total_steps())
         finally:
             group.on_optimizer_init_end()
         if scheduler is None:
             return optimizer
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    def on_fit_start(self) -> None:
+        check_validation_schedule(self.trainer, self._resumable_sampler(), bool(getattr(self, "_val_loaders", None)))
 
     def _resumable_sampler(self) -> Any:
         """The training sampler, when the model keeps its loader in ``_train_loader`` and it can resume."""
@@ -330,6 +383,16 @@ class SpeechModel(pl.LightningModule):
         # Counted at the start: checkpoints are written by callbacks at the end of a batch, before the module's
         # own on_train_batch_end runs, and that batch has been trained on by then.
         self._batches_done = batch_idx + 1
+
+    def _max_time_timer(self) -> Any:
+        """Lightning's ``Timer`` when the run is bounded by ``trainer.max_time`` and not by ``max_steps``: the
+        schedule then decays over the wall-clock budget (the precedence is max_steps, max_time, max_epochs)."""
+        from lightning.pytorch.callbacks import Timer
+
+        trainer = self.trainer
+        if trainer.max_steps > 0:
+            return None
+        return next((c for c in trainer.callbacks if isinstance(c, Timer) and c._duration), None)
 
     def _total_steps(self) -> int:
         """Optimizer steps of the whole run, for the learning-rate schedule."""

@@ -1,6 +1,7 @@
 """Optimizer and learning-rate schedule built from the ``model.optim`` config node (NeMo's vocabulary)."""
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -61,25 +62,40 @@ def build_optimizer(params: list[torch.nn.Parameter], cfg: OptimConfig) -> torch
     return classes[cfg.name](params, **kwargs)
 
 
-def lr_factor(step: int, sched: SchedConfig, max_steps: int, base_lr: float) -> float:
-    """Multiplier of the base learning rate at optimizer step ``step``."""
+def lr_factor(
+    step: int, sched: SchedConfig, max_steps: int, base_lr: float, progress: Callable[[], float] | None = None
+) -> float:
+    """Multiplier of the base learning rate at optimizer step ``step``.
+
+    ``progress`` (fraction of the run done, e.g. of ``trainer.max_time``) replaces ``step / max_steps`` for the decay
+    when given; the warm-up still counts steps.
+    """
     if sched.warmup_steps > 0 and step < sched.warmup_steps:
         return (step + 1) / sched.warmup_steps
     if sched.name == "constant":
         return 1.0
-    progress = min(1.0, (step - sched.warmup_steps) / max(1, max_steps - sched.warmup_steps))
+    if progress is not None:
+        progress = min(1.0, max(0.0, progress()))
+    else:
+        progress = min(1.0, (step - sched.warmup_steps) / max(1, max_steps - sched.warmup_steps))
     min_factor = sched.min_lr / base_lr if base_lr > 0 else 0.0
     return min_factor + (1.0 - min_factor) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
 def build_scheduler(
-    optimizer: torch.optim.Optimizer, cfg: OptimConfig, max_steps: int
+    optimizer: torch.optim.Optimizer,
+    cfg: OptimConfig,
+    max_steps: int,
+    progress: Callable[[], float] | None = None,
 ) -> torch.optim.lr_scheduler.LRScheduler | None:
-    """A per-step ``LambdaLR`` for ``cfg.sched``, or None for ``name: none``."""
+    """A per-step ``LambdaLR`` for ``cfg.sched``, or None for ``name: none``. With ``progress`` (a wall-clock
+    fraction for runs bounded by ``max_time``), the decay follows it instead of ``step / max_steps``."""
     sched = cfg.sched
     if sched.name == "none":
         return None
     if sched.name not in ("cosine", "constant"):
         raise ValueError(f"Unknown schedule model.optim.sched.name={sched.name!r}; choose cosine, constant or none.")
     total = sched.max_steps if sched.max_steps > 0 else max_steps
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, sched, total, cfg.lr))
+    if sched.max_steps > 0:
+        progress = None
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, sched, total, cfg.lr, progress))

@@ -8,6 +8,8 @@ CutSet ``.jsonl``/``.jsonl.gz``) and/or ``shar_path`` (lhotse Shar folder). Batc
   ``bucket_duration_bins`` or estimated from the data with equal duration mass), so batches carry little
   padding; each batch holds ``batch_duration`` seconds of audio (``quadratic_duration`` q charges d + d^2/q, for
   models whose cost grows with length squared), or a fixed ``batch_size``, or per-bucket ``bucket_batch_size``.
+  With both ``batch_size`` and ``batch_duration``, both limits hold: a batch closes at whichever it reaches first
+  (logged at start). ``bucket_batch_size`` replaces both (setting them too is an error, never a silent choice).
 - Sharding is by data-parallel rank: each rank takes every ``dp_world_size``-th batch of one shared, seeded
   stream, so every utterance is used once per epoch across ranks and all ranks take the same number of steps.
 
@@ -275,6 +277,11 @@ def _build_sampler(cuts: Any, cfg: LoaderConfig, dp_rank: int, dp_world_size: in
     common = {"shuffle": cfg.shuffle, "drop_last": cfg.drop_last, "seed": cfg.seed, "world_size": dp_world_size,
               "rank": dp_rank}  # fmt: skip
     if cfg.bucket_batch_size is not None:
+        if cfg.batch_size is not None or cfg.batch_duration is not None:
+            raise ValueError(
+                "bucket_batch_size sets every bucket's batch size: set batch_size and batch_duration to null (they "
+                "would not be used)."
+            )
         if not cfg.use_bucketing or not cfg.bucket_duration_bins:
             raise ValueError("bucket_batch_size needs use_bucketing=true and bucket_duration_bins.")
         if len(cfg.bucket_batch_size) != len(cfg.bucket_duration_bins) + 1:
@@ -291,6 +298,9 @@ def _build_sampler(cuts: Any, cfg: LoaderConfig, dp_rank: int, dp_world_size: in
         )  # fmt: skip
     if cfg.batch_size is None and cfg.batch_duration is None:
         raise ValueError("Set batch_size or batch_duration (or bucket_batch_size with bucket_duration_bins).")
+    if cfg.batch_size is not None and cfg.batch_duration is not None:
+        logger.info("a batch closes at %d utterances or %g s of audio, whichever comes first", cfg.batch_size,
+                    cfg.batch_duration)  # fmt: skip
     limits = {
         "max_cuts": cfg.batch_size,
         "max_duration": cfg.batch_duration,

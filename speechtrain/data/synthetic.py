@@ -259,18 +259,45 @@ def prepare_dtmf_corpus(
 
 
 BUILTIN_PREFIX = f"builtin:{CORPUS_NAME}/"
+ESPEAK_DEFAULT_HOURS = 10.0
 
 
 def resolve_manifest(manifest_filepath: str | os.PathLike) -> Path:
-    """A manifest path, with ``builtin:dtmf/<split>`` naming a split of the built-in corpus (built on first use)."""
+    """A manifest path, with built-in corpus names resolved (the corpus is built on first use, then cached).
+
+    - ``builtin:dtmf/<train|val>``: the DTMF-digit corpus;
+    - ``builtin:espeak/<train|dev|test>``: the eSpeak NG speech corpus (10 h, seed 0);
+      ``builtin:espeak-<H>h/<split>`` or ``builtin:espeak-<H>h-seed<S>/<split>`` for another size or seed.
+    """
     name = str(manifest_filepath)
     if not name.startswith("builtin:"):
         return Path(name)
-    split = name[len(BUILTIN_PREFIX) :] if name.startswith(BUILTIN_PREFIX) else ""
-    if split not in DEFAULT_SPLITS:
-        choices = ", ".join(f"{BUILTIN_PREFIX}{s}" for s in DEFAULT_SPLITS)
-        raise ValueError(f"Unknown built-in corpus {name!r}; choose one of: {choices}.")
-    return prepare_dtmf_corpus()[split]
+    corpus, _, split = name[len("builtin:") :].partition("/")
+    if corpus == CORPUS_NAME and split in DEFAULT_SPLITS:
+        return prepare_dtmf_corpus()[split]
+    if corpus.startswith("espeak"):
+        from speechtrain.data.speech_corpus import SPLITS, build_corpus
+
+        hours, seed = _espeak_params(corpus)
+        if hours is not None and split in SPLITS:
+            return Path(build_corpus(hours=hours, seed=seed)["splits"][split]["manifest"])
+    choices = [f"{BUILTIN_PREFIX}{s}" for s in DEFAULT_SPLITS] + [
+        "builtin:espeak/train|dev|test",
+        "builtin:espeak-<H>h[-seed<S>]/train|dev|test",
+    ]
+    raise ValueError(f"Unknown built-in corpus {name!r}; choose one of: {', '.join(choices)}.")
+
+
+def _espeak_params(corpus: str) -> tuple[float | None, int]:
+    """``espeak`` -> (10.0, 0); ``espeak-20h`` -> (20.0, 0); ``espeak-2h-seed3`` -> (2.0, 3); else (None, 0)."""
+    import re
+
+    if corpus == "espeak":
+        return ESPEAK_DEFAULT_HOURS, 0
+    match = re.fullmatch(r"espeak-(\d+(?:\.\d+)?)h(?:-seed(\d+))?", corpus)
+    if match is None:
+        return None, 0
+    return float(match.group(1)), int(match.group(2) or 0)
 
 
 if __name__ == "__main__":

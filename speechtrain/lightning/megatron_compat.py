@@ -2,8 +2,9 @@
 
 Megatron Core assumes CUDA in a few places that a CPU run (tests, laptops, CI) reaches:
 
-- the pipeline schedules and point-to-point communication create tensors with ``device="cuda"`` or
-  ``torch.cuda.current_device()``, call ``torch.cuda.synchronize()`` and autocast for ``"cuda"``;
+- the pipeline schedules, point-to-point communication and the tensor-parallel gather/scatter mappings create
+  tensors with ``device="cuda"`` or ``torch.cuda.current_device()``, call ``torch.cuda.synchronize()`` and
+  autocast for ``"cuda"``;
 - its model-parallel RNG tracker stores and swaps CUDA generator states.
 
 When CUDA is absent, :func:`import_megatron` gives those modules a view of ``torch`` in which ``cuda`` means the
@@ -26,6 +27,7 @@ import torch
 _PATCHED_MODULES = (
     "megatron.core.pipeline_parallel.schedules",
     "megatron.core.pipeline_parallel.p2p_communication",
+    "megatron.core.tensor_parallel.mappings",  # gather/scatter buffers (gather_output, sequence parallel)
 )
 _state: dict[str, Any] = {"imported": False, "tracker": None}
 

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import tiny_ctc_config
 
-from speechtrain.asr.conv_ctc import ConvCTCConfig
+from speechtrain.asr.ctc import ConformerCTCConfig
+from speechtrain.asr.tokenizers import CharTokenizer
 from speechtrain.core.archive import read_archive
 from speechtrain.core.hydra_runner import compose_config
 from speechtrain.core.job import train_job_schema
@@ -26,24 +26,34 @@ def _example_main():
 
 
 def _job(tmp_path, manifest, *overrides):
-    """The example's real config, shrunk to a tiny model and corpus, plus CLI-style overrides."""
-    model = tiny_ctc_config(manifest)
+    """The example's real config, shrunk to a tiny Conformer and the DTMF corpus, plus CLI-style overrides."""
+    tokenizer = tmp_path / "digits.json"
+    CharTokenizer([" ", *"0123456789"]).save(tokenizer)
     base = [
         f"exp_manager.exp_dir={tmp_path / 'exp'}",
         "trainer.precision=32",
+        "trainer.max_time=null",
         "trainer.enable_progress_bar=false",
         "trainer.enable_model_summary=false",
         "trainer.num_sanity_val_steps=0",
+        f"model.tokenizer.path={tokenizer}",
         f"model.train_ds.manifest_filepath={manifest}",
         f"model.validation_ds.manifest_filepath={manifest}",
-        f"model.encoder.d_model={model['encoder']['d_model']}",
+        "model.encoder.d_model=16",
         "model.encoder.num_layers=1",
+        "model.encoder.num_heads=2",
+        "model.encoder.conv_kernel_size=3",
+        "model.encoder.subsampling_conv_channels=8",
+        "model.encoder.subsampling_factor=2",
         "model.encoder.dropout=0.1",
         "model.preprocessor.n_mels=16",
         "model.train_ds.batch_size=8",
+        "model.train_ds.batch_duration=null",
+        "model.train_ds.num_workers=0",
+        "model.optim.sched.warmup_steps=2",
         "exp_manager.checkpoint_callback_params.save_top_k=1",
     ]
-    return compose_config(EXAMPLES / "conf", "asr_train", [*base, *overrides], train_job_schema(ConvCTCConfig))
+    return compose_config(EXAMPLES / "conf", "asr_train", [*base, *overrides], train_job_schema(ConformerCTCConfig))
 
 
 def _run_folder(tmp_path, name="asr_demo"):

@@ -46,13 +46,17 @@ def test_include_and_exclude_patterns(tmp_path):
     source = ConvCTCModel(tiny_ctc_config())
     torch.manual_seed(1)
     target = ConvCTCModel(tiny_ctc_config())
-    report = target.init_from_pretrained(source, include=["blocks", "subsample.*"], exclude=["blocks.0.norm"])
-    assert set(report.loaded) == {k for k in source.state_dict() if k.startswith(("blocks.", "subsample."))} - {
-        "blocks.0.norm.weight",
-        "blocks.0.norm.bias",
+    report = target.init_from_pretrained(
+        source, include=["encoder.blocks", "encoder.subsample.*"], exclude=["encoder.blocks.0.norm"]
+    )
+    assert set(report.loaded) == {
+        k for k in source.state_dict() if k.startswith(("encoder.blocks.", "encoder.subsample."))
+    } - {
+        "encoder.blocks.0.norm.weight",
+        "encoder.blocks.0.norm.bias",
     }
-    assert "decoder.weight" in report.excluded and "blocks.0.norm.weight" in report.excluded
-    assert torch.equal(target.subsample.weight, source.subsample.weight)
+    assert "decoder.weight" in report.excluded and "encoder.blocks.0.norm.weight" in report.excluded
+    assert torch.equal(target.encoder.subsample.weight, source.encoder.subsample.weight)
     assert not torch.equal(target.decoder.weight, source.decoder.weight)
 
 

@@ -1,0 +1,91 @@
+"""Training throughput of the ASR models on this machine, and transcription speed.
+
+    python benchmarks/asr_train_speed.py                      # debug and small, 1 process and DP=2, RTFx
+    python benchmarks/asr_train_speed.py --sizes demo --steps 40 --precisions 32 bf16-mixed
+
+Training: ``examples/asr_train.py`` on the built-in eSpeak corpus for ``--steps`` optimizer steps (no validation),
+reading the model's own ``audio_s_per_s`` (audio-seconds per wall-second over all data-parallel ranks) from the
+run's metrics.csv, averaged over the second half of the steps. ``demo`` is the default config of the example
+(the `make demo` model); the others are ``model.size=<name>``. The global batch is 60 s of audio either way.
+
+Transcription: ``speechtrain.asr.transcribe.transcribe_paths`` on 300 utterances of the corpus's test split,
+RTFx = audio seconds / wall seconds (model loading excluded).
+"""
+
+import argparse
+import csv
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def train_speed(size: str, devices: int, steps: int, precision: str) -> float:
+    with tempfile.TemporaryDirectory() as exp:
+        overrides = [
+            f"trainer.devices={devices}", f"trainer.max_steps={steps}", "trainer.max_time=null",
+            f"trainer.precision={precision}", "+trainer.limit_val_batches=0", "trainer.enable_progress_bar=false",
+            f"model.train_ds.batch_duration={60 / devices}", f"exp_manager.exp_dir={exp}",
+            "trainer.log_every_n_steps=1",
+        ]  # fmt: skip
+        if size != "demo":
+            overrides += [f"model.size={size}", "~model.encoder"]
+        env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE"}
+        command = [sys.executable, str(ROOT / "examples" / "asr_train.py"), *overrides]
+        result = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
+        if result.returncode != 0:
+            raise RuntimeError(result.stderr[-3000:])
+        (metrics,) = Path(exp).glob("*/*/metrics.csv")
+        with open(metrics) as handle:
+            speeds = [float(row["audio_s_per_s"]) for row in csv.DictReader(handle) if row.get("audio_s_per_s")]
+        tail = speeds[len(speeds) // 2 :]
+        return sum(tail) / len(tail)
+
+
+def transcription_rtfx(size: str, count: int = 300) -> float:
+    import torch
+    from omegaconf import OmegaConf
+
+    from speechtrain.asr.ctc import ConformerCTCModel, ensure_tokenizer
+    from speechtrain.asr.transcribe import transcribe_paths
+    from speechtrain.data.manifest import read_nemo_manifest
+    from speechtrain.data.synthetic import resolve_manifest
+
+    cfg = OmegaConf.load(ROOT / "examples" / "conf" / "asr_train.yaml").model
+    if size != "demo":
+        cfg.size, cfg.encoder = size, {}
+    ensure_tokenizer(cfg.tokenizer, cfg.train_ds.manifest_filepath)
+    torch.manual_seed(0)
+    model = ConformerCTCModel(cfg)
+    model.configure_model()
+    records = read_nemo_manifest(resolve_manifest("builtin:espeak/test"))[:count]
+    transcribe_paths(model, records[:20])  # warm-up
+    start = time.perf_counter()
+    rows = transcribe_paths(model, records)
+    wall = time.perf_counter() - start
+    return sum(r["duration"] for r in rows) / wall
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", nargs="+", default=["debug", "demo", "small"])
+    parser.add_argument("--devices", nargs="+", type=int, default=[1, 2])
+    parser.add_argument("--precisions", nargs="+", default=["32"])
+    parser.add_argument("--steps", type=int, default=30)
+    args = parser.parse_args()
+    print("| model | processes | precision | training audio-s/s | transcription RTFx (1 process) |")
+    print("|---|---|---|---|---|")
+    for size in args.sizes:
+        rtfx = transcription_rtfx(size)
+        for devices in args.devices:
+            for precision in args.precisions:
+                speed = train_speed(size, devices, args.steps, precision)
+                print(f"| {size} | {devices} | {precision} | {speed:.1f} | {rtfx:.0f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,68 @@
+"""Fine-tune a trained speech recogniser from its archive (see conf/asr_finetune.yaml).
+
+python examples/asr_finetune.py init_from.path=asr_demo.stm model.train_ds.manifest_filepath=new/train.json \
+    model.validation_ds.manifest_filepath=new/dev.json model.optim.lr=5e-4
+python examples/asr_finetune.py init_from.path=asr_demo.stm model.tokenizer.path=null model.tokenizer.vocab_size=256
+"""
+
+import logging
+import time
+from typing import Any
+
+import lightning.pytorch as pl
+from omegaconf import OmegaConf
+
+from speechtrain.asr.ctc import ensure_tokenizer
+from speechtrain.core.config import to_plain
+from speechtrain.core.exp_manager import exp_manager
+from speechtrain.core.hydra_runner import hydra_runner
+from speechtrain.core.job import train_job_schema
+from speechtrain.core.model import SpeechModel
+from speechtrain.lightning import Trainer, teardown
+
+logger = logging.getLogger("asr_finetune")
+
+
+def finetune_model(base: SpeechModel, overrides: dict[str, Any], include=None, exclude=None) -> SpeechModel:
+    """A new model of ``base``'s class with ``overrides`` merged over its config, initialised from ``base``'s
+    weights. A different tokenizer keeps the encoder and re-initialises the decoder (said in the log)."""
+    overrides = dict(overrides)
+    tokenizer = dict(overrides.get("tokenizer") or {})
+    new_tokenizer = bool(tokenizer) and any(k in tokenizer for k in ("path", "vocab", "vocab_size", "type"))
+    cfg = OmegaConf.merge(OmegaConf.create(to_plain(base.cfg)), OmegaConf.create(overrides))
+    if new_tokenizer and not tokenizer.get("path") and not tokenizer.get("vocab"):
+        cfg.tokenizer.path, cfg.tokenizer.vocab = None, None
+        ensure_tokenizer(cfg.tokenizer, cfg.train_ds.manifest_filepath)
+    model = type(base)(cfg)
+    exclude = list(exclude or [])
+    if new_tokenizer or model.tokenizer.vocab_size != base.tokenizer.vocab_size:
+        exclude.append("decoder")
+        logger.warning(
+            "New tokenizer (%d -> %d tokens): the CTC decoder is re-initialised; the encoder is kept.",
+            base.tokenizer.vocab_size, model.tokenizer.vocab_size,
+        )  # fmt: skip
+    report = model.init_from_pretrained(base, include=include, exclude=exclude)
+    logger.info("Initialised from the pretrained model: %s", report)
+    return model
+
+
+@hydra_runner(config_path="conf", config_name="asr_finetune", schema=train_job_schema(dict[str, Any], "asr_finetune"))
+def main(cfg):
+    start = time.perf_counter()
+    pl.seed_everything(cfg.seed, verbose=False)
+    base = SpeechModel.restore_from(cfg.init_from.path)  # kept alive: its extracted artifacts back the new model
+    model = finetune_model(base, OmegaConf.to_container(cfg.model), cfg.init_from.include, cfg.init_from.exclude)
+    trainer = Trainer(**OmegaConf.to_container(cfg.trainer, resolve=True))
+    log_dir = exp_manager(trainer, cfg.exp_manager, name=cfg.name, job_config=cfg)
+    trainer.fit(model)
+    results = trainer.validate(model, verbose=False) if model.val_dataloader() else []
+    if trainer.is_global_zero:
+        metrics = {k: v for r in results for k, v in r.items()}
+        shown = ", ".join(f"{k}={100 * float(v):.2f}%" for k, v in sorted(metrics.items()) if "wer" in k or "cer" in k)
+        print(f"\nFinal: {shown} | {time.perf_counter() - start:.0f} s wall | run folder {log_dir}")
+    teardown(trainer, model)
+    return model
+
+
+if __name__ == "__main__":
+    main()

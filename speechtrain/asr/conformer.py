@@ -1,0 +1,235 @@
+"""Conformer encoder (Gulati et al. 2020) with FastConformer's 8x depthwise-striding subsampling.
+
+Subsampling (``striding``: 2-D convolutions of stride 2, 4x by default; ``dw_striding``: one full convolution then
+depthwise-separable ones, 8x by default), then ``num_layers`` Conformer layers::
+
+    x = x + 1/2 FF(LN(x))           macaron feed-forward (Swish)
+    x = x + MHSA(LN(x))             Transformer-XL relative-position self-attention
+    x = x + Conv(LN(x))             pointwise -> GLU -> depthwise -> norm -> Swish -> pointwise
+    x = x + 1/2 FF(LN(x))
+    x = LN(x)
+
+Tensor parallelism: attention heads, feed-forward hidden units and the convolution module's pointwise layers are
+split over the TP ranks (the blocks of :mod:`speechtrain.nn`); subsampling, norms and the depthwise convolution are
+replicated. Every weight is drawn from its own seeded stream, so TP=2 holds the same model as TP=1.
+
+Padding never changes valid outputs: padded frames are zeroed before every convolution, attention never looks at
+them, and the ``batch_norm`` option of the convolution module takes its statistics over valid frames only (in eval
+mode, it uses running statistics, so batched and per-utterance outputs agree exactly).
+"""
+
+import contextlib
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from speechtrain.nn.parallel import ColumnParallelLinear, RowParallelLinear
+from speechtrain.nn.transformer import FeedForward, MultiHeadAttention
+
+
+@dataclass
+class ConformerConfig:
+    """Encoder shape (NeMo's names where they exist).
+
+    Attributes:
+        d_model: width.
+        num_layers: Conformer layers.
+        num_heads: attention heads (divisible by the TP size).
+        ff_expansion_factor: feed-forward hidden width = ``ff_expansion_factor * d_model``.
+        conv_kernel_size: depthwise convolution kernel (odd).
+        conv_norm_type: ``layer_norm`` or ``batch_norm`` (masked) inside the convolution module.
+        subsampling: ``striding`` (2-D convolutions) or ``dw_striding`` (depthwise-separable, FastConformer).
+        subsampling_factor: time reduction, a power of 2 (4 for striding, 8 for dw_striding are the usual ones).
+        subsampling_conv_channels: channels of the subsampling convolutions (-1: d_model).
+        dropout: residual, feed-forward and pre-encoder dropout.
+        dropout_att: dropout on attention probabilities.
+    """
+
+    d_model: int = 176
+    num_layers: int = 16
+    num_heads: int = 4
+    ff_expansion_factor: int = 4
+    conv_kernel_size: int = 9
+    conv_norm_type: str = "batch_norm"
+    subsampling: str = "dw_striding"
+    subsampling_factor: int = 8
+    subsampling_conv_channels: int = 256
+    dropout: float = 0.1
+    dropout_att: float = 0.1
+
+
+@contextlib.contextmanager
+def seeded(seed: int) -> Iterator[None]:
+    """Draw initial weights from a fresh CPU stream seeded with ``seed``, leaving the global stream untouched."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        yield
+
+
+def frame_mask(lengths: torch.Tensor, frames: int) -> torch.Tensor:
+    """(B, frames) bool, True on valid frames."""
+    return torch.arange(frames, device=lengths.device)[None, :] < lengths[:, None]
+
+
+def _conv_out_length(lengths: torch.Tensor) -> torch.Tensor:
+    """Output length of a kernel-3, stride-2, padding-1 convolution."""
+    return torch.div(lengths - 1, 2, rounding_mode="floor") + 1
+
+
+class Subsampling(torch.nn.Module):
+    """(B, n_mels, F) features -> (B, F / factor, d_model), with lengths.
+
+    Args:
+        kind: ``striding`` or ``dw_striding``.
+        factor: power of two.
+        n_mels: feature bands.
+        channels: convolution channels.
+        d_model: output width.
+    """
+
+    def __init__(self, kind: str, factor: int, n_mels: int, channels: int, d_model: int) -> None:
+        super().__init__()
+        if kind not in ("striding", "dw_striding"):
+            raise ValueError(f"encoder.subsampling must be 'striding' or 'dw_striding', got {kind!r}.")
+        if factor < 2 or factor & (factor - 1):
+            raise ValueError(f"encoder.subsampling_factor must be a power of 2 (>= 2), got {factor}.")
+        steps = int(math.log2(factor))
+        layers: list[torch.nn.Module] = []
+        in_channels = 1
+        for step in range(steps):
+            if kind == "striding" or step == 0:
+                layers.append(torch.nn.Conv2d(in_channels, channels, kernel_size=3, stride=2, padding=1))
+            else:
+                layers.append(torch.nn.Sequential(
+                    torch.nn.Conv2d(channels, channels, kernel_size=3, stride=2, padding=1, groups=channels),
+                    torch.nn.Conv2d(channels, channels, kernel_size=1),
+                ))  # fmt: skip
+            in_channels = channels
+        self.convs = torch.nn.ModuleList(layers)
+        bands = n_mels
+        for _ in range(steps):
+            bands = (bands - 1) // 2 + 1
+        self.out = torch.nn.Linear(channels * bands, d_model)
+
+    def forward(self, feats: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x = feats.transpose(1, 2).unsqueeze(1)  # (B, n_mels, F) -> (B, 1, F, n_mels)
+        for conv in self.convs:
+            x = x * frame_mask(lengths, x.shape[2])[:, None, :, None]  # zeros past each end, as if unpadded
+            x = F.relu(conv(x))
+            lengths = _conv_out_length(lengths)
+        x = x * frame_mask(lengths, x.shape[2])[:, None, :, None]
+        batch, channels, frames, bands = x.shape
+        x = self.out(x.transpose(1, 2).reshape(batch, frames, channels * bands))  # (B, F', C*bands) -> (B, F', D)
+        return x, lengths
+
+
+class MaskedBatchNorm1d(torch.nn.BatchNorm1d):
+    """Batch norm over (B, C, T) whose training statistics use valid frames only."""
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        if not self.training:
+            return super().forward(x)
+        valid = mask[:, None, :].to(x.dtype)  # (B, 1, T)
+        count = valid.sum().clamp(min=1)
+        mean = (x * valid).sum(dim=(0, 2)) / count
+        var = (((x - mean[None, :, None]) * valid) ** 2).sum(dim=(0, 2)) / count
+        with torch.no_grad():
+            unbiased = var * count / (count - 1).clamp(min=1)
+            self.running_mean.lerp_(mean.detach().to(self.running_mean.dtype), self.momentum)
+            self.running_var.lerp_(unbiased.detach().to(self.running_var.dtype), self.momentum)
+            self.num_batches_tracked += 1
+        x = (x - mean[None, :, None]) / torch.sqrt(var[None, :, None] + self.eps)
+        return x * self.weight[None, :, None] + self.bias[None, :, None]
+
+
+class ConvolutionModule(torch.nn.Module):
+    """Pointwise (2x, GLU) -> depthwise conv -> norm -> Swish -> pointwise, on (B, T, D).
+
+    The first pointwise layer is column-parallel with a gathered output (the GLU pairs channel i with i + D), the
+    depthwise convolution and norm run on all channels, and the last pointwise layer is row-parallel.
+    """
+
+    def __init__(self, d_model: int, kernel_size: int, norm_type: str, dropout: float) -> None:
+        super().__init__()
+        if kernel_size % 2 == 0:
+            raise ValueError(f"encoder.conv_kernel_size must be odd, got {kernel_size}.")
+        if norm_type not in ("batch_norm", "layer_norm"):
+            raise ValueError(f"encoder.conv_norm_type must be 'batch_norm' or 'layer_norm', got {norm_type!r}.")
+        self.pointwise_in = ColumnParallelLinear(d_model, 2 * d_model, gather_output=True)
+        self.depthwise = torch.nn.Conv1d(d_model, d_model, kernel_size, padding=kernel_size // 2, groups=d_model)
+        self.norm_type = norm_type
+        self.norm = MaskedBatchNorm1d(d_model) if norm_type == "batch_norm" else torch.nn.LayerNorm(d_model)
+        self.pointwise_out = RowParallelLinear(d_model, d_model, input_is_parallel=False)
+        self.dropout = torch.nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """x (B, T, D), mask (B, T) True on valid frames -> (B, T, D)."""
+        x = F.glu(self.pointwise_in(x), dim=-1)  # (B, T, 2D) -> (B, T, D)
+        x = (x * mask[:, :, None]).transpose(1, 2)  # (B, D, T), zeros past each end
+        x = self.depthwise(x)
+        if self.norm_type == "batch_norm":
+            x = self.norm(x, mask)
+        else:
+            x = self.norm(x.transpose(1, 2)).transpose(1, 2)
+        x = F.silu(x).transpose(1, 2)  # (B, T, D)
+        return self.dropout(self.pointwise_out(x))
+
+
+class ConformerLayer(torch.nn.Module):
+    """One macaron Conformer layer (see the module docstring)."""
+
+    def __init__(self, cfg: ConformerConfig) -> None:
+        super().__init__()
+        d, d_ff = cfg.d_model, cfg.ff_expansion_factor * cfg.d_model
+        self.ff1_norm = torch.nn.LayerNorm(d)
+        self.ff1 = FeedForward(d, d_ff, activation="swish", dropout=cfg.dropout)
+        self.attn_norm = torch.nn.LayerNorm(d)
+        self.attention = MultiHeadAttention(d, cfg.num_heads, cfg.dropout_att, relative_positions=True)
+        self.conv_norm = torch.nn.LayerNorm(d)
+        self.conv = ConvolutionModule(d, cfg.conv_kernel_size, cfg.conv_norm_type, cfg.dropout)
+        self.ff2_norm = torch.nn.LayerNorm(d)
+        self.ff2 = FeedForward(d, d_ff, activation="swish", dropout=cfg.dropout)
+        self.out_norm = torch.nn.LayerNorm(d)
+        self.dropout = torch.nn.Dropout(cfg.dropout)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """x (B, T, D), mask (B, T) True on valid frames -> (B, T, D)."""
+        x = x + 0.5 * self.dropout(self.ff1(self.ff1_norm(x)))
+        x = x + self.dropout(self.attention(self.attn_norm(x), pad_mask=~mask))
+        x = x + self.conv(self.conv_norm(x), mask)
+        x = x + 0.5 * self.dropout(self.ff2(self.ff2_norm(x)))
+        return self.out_norm(x)
+
+
+class ConformerEncoder(torch.nn.Module):
+    """Log-mel features (B, n_mels, F) -> encoded frames (B, F', d_model) and their lengths (B,).
+
+    Args:
+        cfg: encoder shape.
+        n_mels: feature bands.
+        seed: base of the per-layer initialisation streams (the same on every rank).
+    """
+
+    def __init__(self, cfg: ConformerConfig, n_mels: int, seed: int) -> None:
+        super().__init__()
+        channels = cfg.subsampling_conv_channels if cfg.subsampling_conv_channels > 0 else cfg.d_model
+        with seeded(seed):
+            self.subsampling = Subsampling(cfg.subsampling, cfg.subsampling_factor, n_mels, channels, cfg.d_model)
+        layers = []
+        for index in range(cfg.num_layers):
+            with seeded(seed + 1 + index):
+                layers.append(ConformerLayer(cfg))
+        self.layers = torch.nn.ModuleList(layers)
+        self.dropout = torch.nn.Dropout(cfg.dropout)
+        self.subsampling_factor = cfg.subsampling_factor
+
+    def forward(self, feats: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x, lengths = self.subsampling(feats, lengths)
+        x = self.dropout(x)
+        mask = frame_mask(lengths, x.shape[1])
+        for layer in self.layers:
+            x = layer(x, mask)
+        return x * mask[:, :, None], lengths

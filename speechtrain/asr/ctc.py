@@ -1,0 +1,422 @@
+"""CTC speech recognisers: features -> encoder -> linear -> CTC, with the blank last (NeMo's convention).
+
+:class:`CTCModel` holds everything but the encoder: tokenizer (characters or a sentencepiece BPE model, stored in
+the archive), log-mel front end (fp32), SpecAugment, CTC loss (``mean_volume`` or ``mean_batch``), greedy decoding,
+corpus-level WER/CER summed over data-parallel ranks for each validation set, the lhotse loaders, transcription,
+and the Megatron bridge's step contract. Subclasses build the encoder in :meth:`build_encoder`.
+:class:`ConformerCTCModel` is the Conformer / FastConformer recogniser.
+"""
+
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import soundfile as sf
+import torch
+import torch.nn.functional as F
+from omegaconf import OmegaConf
+from torch.utils.data import DataLoader
+
+from speechtrain.asr.conformer import ConformerConfig, ConformerEncoder, seeded
+from speechtrain.asr.features import LogMelFeatures, PreprocessorConfig
+from speechtrain.asr.metrics import edit_distance
+from speechtrain.asr.spec_augment import SpecAugment, SpecAugmentConfig
+from speechtrain.asr.tokenizers import CharTokenizer, load_tokenizer
+from speechtrain.core.model import SpeechModel
+from speechtrain.core.optim import OptimConfig
+from speechtrain.data.audio_text import SkipTally
+from speechtrain.data.cut_datasets import AsrCutDataset, is_empty_batch
+from speechtrain.data.lhotse_loader import LoaderConfig, get_lhotse_dataloader_from_config, loader_config
+from speechtrain.lightning import parallel_state
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class TokenizerConfig:
+    """Output vocabulary: a list of characters (``vocab``), or a tokenizer file (``path``: a sentencepiece
+    ``.model`` or a character tokenizer ``.json``), which is packed into the model archive. With neither, the
+    training scripts train a ``type`` (bpe or unigram) sentencepiece model of ``vocab_size`` pieces on the
+    training transcripts first (:func:`ensure_tokenizer`; cached)."""
+
+    vocab: list[str] | None = None
+    path: str | None = None
+    type: str = "bpe"
+    vocab_size: int = 128
+
+
+def resolve_manifest(name: Any) -> str:
+    """A manifest path, with ``builtin:<corpus>/<split>`` names resolved (built on first use)."""
+    from speechtrain.data.synthetic import resolve_manifest as resolve
+
+    return str(resolve(name))
+
+
+def ensure_tokenizer(tokenizer_cfg: Any, train_manifest: Any) -> None:
+    """Fill in ``tokenizer_cfg.path`` with a sentencepiece model trained on ``train_manifest``'s transcripts when the
+    config names no tokenizer. Trained once per (manifest, type, size), under the datasets cache; ranks that
+    start together may each train it, with the same result (the file is replaced atomically)."""
+    import hashlib
+    import os
+    import tempfile
+
+    from speechtrain.asr.tokenizers import train_sentencepiece
+    from speechtrain.data.manifest import read_nemo_manifest
+    from speechtrain.lightning import settings
+
+    if tokenizer_cfg.path or tokenizer_cfg.vocab:
+        return
+    if not train_manifest:
+        raise ValueError("model.tokenizer names no tokenizer and there is no train_ds.manifest_filepath to train one.")
+    manifests = [train_manifest] if isinstance(train_manifest, str) else list(train_manifest)
+    paths = [Path(resolve_manifest(m)).resolve() for m in manifests]
+    key = hashlib.sha256(
+        repr([(str(p), p.stat().st_size, tokenizer_cfg.type, tokenizer_cfg.vocab_size) for p in paths]).encode()
+    ).hexdigest()[:12]
+    folder = (
+        settings.SPEECHTRAIN_DATASETS_CACHE / "tokenizers" / f"{tokenizer_cfg.type}{tokenizer_cfg.vocab_size}-{key}"
+    )
+    model = folder / "tokenizer.model"
+    if not model.is_file():
+        texts = [r["text"] for p in paths for r in read_nemo_manifest(p)]
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=folder) as tmp:
+            train_sentencepiece(texts, tmp, vocab_size=tokenizer_cfg.vocab_size, model_type=tokenizer_cfg.type)
+            for name in ("tokenizer.vocab", "tokenizer.model"):  # the model last: its presence means done
+                os.replace(Path(tmp) / name, folder / name)
+        logger.info("Trained a %s tokenizer of %d pieces on %s: %s", tokenizer_cfg.type, tokenizer_cfg.vocab_size,
+                    ", ".join(map(str, paths)), model)  # fmt: skip
+    tokenizer_cfg.path = str(model)
+
+
+def validation_set_name(manifest: str) -> str:
+    """A short name for a validation manifest: ``builtin:espeak/dev`` -> ``dev``; ``.../dev/manifest.json`` -> ``dev``;
+    ``.../other.json`` -> ``other``."""
+    if manifest.startswith("builtin:"):
+        return manifest.rsplit("/", 1)[-1]
+    path = Path(manifest)
+    return path.parent.name if path.stem == "manifest" and path.parent.name else path.stem
+
+
+class CTCModel(SpeechModel):
+    """Base of the CTC recognisers (see module docstring). The config needs ``sample_rate``, ``tokenizer``,
+    ``preprocessor``, ``spec_augment`` (or None), ``encoder``, ``ctc_reduction``, ``train_ds``, ``validation_ds``
+    and ``optim``.
+
+    ``validation_ds.manifest_filepath`` may list several manifests: each is its own validation set, logged as
+    ``val_wer_<name>`` / ``val_cer_<name>``; ``val_wer`` and ``val_loss`` are those of the first set.
+    """
+
+    def __init__(self, cfg: Any) -> None:
+        super().__init__(cfg)
+        cfg = self.cfg
+        if cfg.tokenizer.path:
+            self.tokenizer = load_tokenizer(self.register_artifact("tokenizer.path", cfg.tokenizer.path))
+        elif cfg.tokenizer.vocab:
+            self.tokenizer = CharTokenizer(list(cfg.tokenizer.vocab))
+        else:
+            raise ValueError("model.tokenizer needs either vocab (a list of characters) or path (a tokenizer file).")
+        if cfg.ctc_reduction not in ("mean_volume", "mean_batch"):
+            raise ValueError(f"model.ctc_reduction must be mean_volume or mean_batch, got {cfg.ctc_reduction!r}.")
+        self.blank = self.tokenizer.vocab_size
+        # The base of every weight's initialisation stream: drawn once from the seeded global stream, so it is
+        # the same on every rank and the same for every parallel layout.
+        self._init_seed = int(torch.randint(0, 2**30, ()).item())
+        self.encoder: torch.nn.Module | None = None
+        self._skips = SkipTally()
+        self._val_sums: dict[int, torch.Tensor] = {}
+        self._train_loader: DataLoader | None = None
+        self._val_loaders: list[DataLoader] = []
+        self._val_names: list[str] = []
+
+    # ---------------------------------------------------------------------------------------------- layers
+    def build_encoder(self) -> tuple[torch.nn.Module, int]:
+        """The encoder (features (B, n_mels, F), lengths -> (B, F', D), lengths) and its output width D."""
+        raise NotImplementedError
+
+    def configure_model(self) -> None:
+        """Builds the layers once the parallel layout is known (tensor-parallel layers are sharded). Idempotent."""
+        if self.encoder is not None:
+            return
+        cfg = self.cfg
+        self.preprocessor = LogMelFeatures(OmegaConf.to_object(cfg.preprocessor), cfg.sample_rate)
+        self.spec_augment = SpecAugment(OmegaConf.to_object(cfg.spec_augment)) if cfg.spec_augment else None
+        self.encoder, width = self.build_encoder()
+        with seeded(self._init_seed + 100_000):
+            self.decoder = torch.nn.Linear(width, self.tokenizer.vocab_size + 1)
+
+    def _built(self) -> None:
+        if self.encoder is None:
+            self.configure_model()
+
+    def forward(self, audio: torch.Tensor, audio_lens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """audio (B, T), audio_lens (B,) -> log_probs (B, F', V+1) in fp32 (blank last), lengths (B,)."""
+        self._built()
+        feats, lengths = self.preprocessor(audio, audio_lens)  # (B, n_mels, F), fp32
+        if self.spec_augment is not None:
+            feats = self.spec_augment(feats, lengths)
+        x, lengths = self.encoder(feats, lengths)
+        return F.log_softmax(self.decoder(x).float(), dim=-1), lengths
+
+    def ctc_losses(self, log_probs: torch.Tensor, lengths: torch.Tensor, batch: dict[str, Any]) -> torch.Tensor:
+        """Per-utterance CTC losses (B,), fp32 (an utterance too short for its transcript gives 0, not inf)."""
+        return F.ctc_loss(
+            log_probs.transpose(0, 1).float(),  # (B, F', V+1) -> (F', B, V+1)
+            batch["tokens"],
+            lengths,
+            batch["token_lens"],
+            blank=self.blank,
+            reduction="none",
+            zero_infinity=True,
+        )
+
+    def greedy_decode(self, log_probs: torch.Tensor, lengths: torch.Tensor) -> list[str]:
+        """Best path: argmax per frame, merge repeats, drop blanks."""
+        best = log_probs.argmax(-1).cpu()  # (B, F')
+        texts = []
+        for row, length in zip(best, lengths.cpu()):
+            ids = torch.unique_consecutive(row[:length]).tolist()
+            texts.append(self.tokenizer.decode([i for i in ids if i != self.blank]))
+        return texts
+
+    # ------------------------------------------------------------------ the Megatron bridge's step contract
+    def set_input_tensor(self, tensors: list[torch.Tensor | None]) -> None:
+        if any(t is not None for t in tensors):
+            raise ValueError(f"{type(self).__name__} has a single pipeline stage: use pipeline_model_parallel_size=1.")
+
+    def forward_step(self, batch: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+        """(log_probs (B, F', V+1), output lengths (B,)) of a batch."""
+        return self(batch["audio"], batch["audio_lens"])
+
+    def loss_step(
+        self, batch: dict[str, Any], output: tuple[torch.Tensor, torch.Tensor]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(loss sum, count): the ratio is the loss. ``mean_volume`` counts target tokens (NeMo's default for
+        Conformer-CTC), ``mean_batch`` counts utterances."""
+        losses = self.ctc_losses(*output, batch)
+        if self.cfg.ctc_reduction == "mean_batch":
+            return losses.sum(), torch.tensor(losses.shape[0], device=losses.device)
+        return losses.sum(), batch["token_lens"].sum()
+
+    def training_step(self, batch: dict[str, Any] | None, batch_idx: int) -> torch.Tensor | None:
+        if is_empty_batch(batch):
+            return None
+        loss_sum, count = self.loss_step(batch, self.forward_step(batch))
+        loss = loss_sum / count.clamp(min=1)
+        self.log("train_loss", loss, prog_bar=True, batch_size=len(batch["ids"]))
+        return loss
+
+    # ---------------------------------------------------------------------------------------------- validation
+    def on_validation_epoch_start(self) -> None:
+        self._val_sums = {}
+
+    def validation_step(self, batch: dict[str, Any] | None, batch_idx: int, dataloader_idx: int = 0) -> None:
+        if is_empty_batch(batch):
+            return
+        log_probs, lengths = self(batch["audio"], batch["audio_lens"])
+        hyps = self.greedy_decode(log_probs, lengths)
+        refs = [self.tokenizer.decode(t[:n].tolist()) for t, n in zip(batch["tokens"], batch["token_lens"])]
+        word_err = sum(edit_distance(h.split(), r.split()) for h, r in zip(hyps, refs))
+        char_err = sum(edit_distance(h, r) for h, r in zip(hyps, refs))
+        sums = torch.tensor(
+            [self.ctc_losses(log_probs, lengths, batch).sum().item(), batch["token_lens"].sum().item(), word_err,
+             sum(len(r.split()) for r in refs), char_err, sum(len(r) for r in refs)],
+            dtype=torch.float64,
+        )  # fmt: skip
+        self._val_sums[dataloader_idx] = self._val_sums.get(dataloader_idx, torch.zeros(6, dtype=torch.float64)) + sums
+
+    def on_validation_epoch_end(self) -> None:
+        names = self._val_names or ["val"]
+        for index, name in enumerate(names):
+            sums = self._val_sums.get(index, torch.zeros(6, dtype=torch.float64))
+            if self.trainer.world_size > 1:
+                sums = self.trainer.strategy.reduce(sums.to(self.device), reduce_op="sum").cpu()
+            loss_sum, tokens, word_err, words, char_err, chars = sums.tolist()
+            metrics = {"loss": loss_sum / max(tokens, 1.0), "wer": word_err / max(words, 1.0),
+                       "cer": char_err / max(chars, 1.0)}  # fmt: skip
+            # Already summed over data-parallel ranks; sync_dist only averages identical values.
+            for key, value in metrics.items():
+                if index == 0:
+                    self.log(f"val_{key}", value, prog_bar=key != "cer", sync_dist=True, add_dataloader_idx=False)
+                if len(names) > 1:
+                    self.log(f"val_{key}_{name}", value, sync_dist=True, add_dataloader_idx=False)
+
+    # ------------------------------------------------------------------------------------------------ data
+    def setup_data(self, stage: str) -> None:
+        if stage == "fit":
+            self._train_loader = self._build_loader(self.cfg.train_ds, self.cfg.train_ds.manifest_filepath)
+        if stage in ("fit", "validate"):
+            manifests = self.cfg.validation_ds.manifest_filepath
+            manifests = [] if not manifests else [manifests] if isinstance(manifests, str) else list(manifests)
+            self._val_loaders = [self._build_loader(self.cfg.validation_ds, m) for m in manifests]
+            self._val_names = [validation_set_name(str(m)) for m in manifests]
+
+    def _build_loader(self, ds_cfg: Any, manifests: Any) -> DataLoader | None:
+        if not manifests:
+            return None
+        cfg = loader_config(OmegaConf.to_object(ds_cfg))
+        if isinstance(manifests, str):
+            cfg.manifest_filepath = resolve_manifest(manifests)
+        else:
+            cfg.manifest_filepath = [resolve_manifest(m) for m in manifests]
+        cfg.sample_rate = self.cfg.sample_rate
+        return get_lhotse_dataloader_from_config(
+            cfg,
+            parallel_state.data_parallel_rank(),
+            parallel_state.data_parallel_world_size(),
+            AsrCutDataset.from_config(self.tokenizer, cfg),
+        )
+
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        super().on_train_batch_start(batch, batch_idx)
+        self._skips.add_batch(batch)
+
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        """Shows training speed (audio-seconds per second, all data-parallel ranks) and the time left in the bar."""
+        now = time.perf_counter()
+        last, self._last_step_end = getattr(self, "_last_step_end", None), now
+        if last is None or is_empty_batch(batch):
+            return
+        audio = float(batch["audio_lens"].sum()) / self.cfg.sample_rate * parallel_state.data_parallel_world_size()
+        speed = audio / max(now - last, 1e-9)
+        self._speed = speed if getattr(self, "_speed", None) is None else 0.9 * self._speed + 0.1 * speed
+        self.log("audio_s_per_s", self._speed, prog_bar=True, batch_size=1)
+        eta = self._minutes_left(now - last)
+        if eta is not None:
+            self.log("eta_min", eta, prog_bar=True, batch_size=1)
+
+    def _minutes_left(self, step_seconds: float) -> float | None:
+        timer = self._max_time_timer()
+        if timer is not None:
+            return timer.time_remaining("train") / 60.0
+        if self.trainer.max_steps > 0:
+            return (self.trainer.max_steps - self.trainer.global_step) * step_seconds / 60.0
+        return None
+
+    def on_train_epoch_end(self) -> None:
+        """Reports the utterances skipped during the epoch (batches carry their counts, loader workers' included)."""
+        summary = self._skips.take_summary()
+        if summary:
+            logger.warning("Epoch %d: %s", self.current_epoch, summary)
+
+    def train_dataloader(self) -> DataLoader:
+        if self._train_loader is None:
+            raise ValueError("model.train_ds.manifest_filepath is not set: there is nothing to train on.")
+        return self._train_loader
+
+    def val_dataloader(self) -> list[DataLoader]:
+        return self._val_loaders
+
+    # ------------------------------------------------------------------------------------------- inference
+    @torch.inference_mode()
+    def transcribe(self, audio: list[str | Path | np.ndarray], batch_size: int = 16) -> list[str]:
+        """Transcribe audio files (read with soundfile; resampled to the model's rate) or 1-D float arrays."""
+        self._built()
+        was_training = self.training
+        self.eval()
+        texts: list[str] = []
+        try:
+            for start in range(0, len(audio), batch_size):
+                waves = [self._load_audio(a) for a in audio[start : start + batch_size]]
+                lens = torch.tensor([len(w) for w in waves])
+                padded = torch.zeros(len(waves), int(lens.max()))
+                for i, w in enumerate(waves):
+                    padded[i, : len(w)] = w
+                log_probs, lengths = self(padded.to(self.device), lens.to(self.device))
+                texts += self.greedy_decode(log_probs, lengths)
+        finally:
+            self.train(was_training)
+        return texts
+
+    def _load_audio(self, item: str | Path | np.ndarray) -> torch.Tensor:
+        if isinstance(item, np.ndarray):
+            return torch.from_numpy(item.astype(np.float32))
+        data, rate = sf.read(str(item), dtype="float32", always_2d=True)
+        audio = torch.from_numpy(data.mean(axis=1))
+        if rate != self.cfg.sample_rate:
+            from speechtrain.data.augment import resample
+
+            audio = resample(audio, rate, self.cfg.sample_rate)
+        return audio
+
+    # --------------------------------------------------------------------------------------- memory planning
+    def output_frames(self, samples: int) -> int:
+        """Encoder frames for an utterance of ``samples`` samples."""
+        self._built()
+        lengths = torch.tensor([samples // self.preprocessor.hop + 1])
+        with torch.no_grad():
+            feats = torch.zeros(1, self.cfg.preprocessor.n_mels, int(lengths))
+            return int(self.encoder(feats, lengths)[1])
+
+    def example_batch(self, batch_size: int, duration: float, tokens_per_second: float = 20.0) -> dict[str, Any]:
+        """A synthetic worst-case training batch for :mod:`speechtrain.data.oomptimizer`: every utterance lasts
+        ``duration`` seconds with a transcript of ``tokens_per_second`` tokens per second (at most one per output
+        frame, what CTC can align)."""
+        samples = max(1, round(duration * self.cfg.sample_rate))
+        num_tokens = max(1, min(self.output_frames(samples), round(duration * tokens_per_second)))
+        audio = 0.1 * torch.randn(batch_size, samples, generator=torch.Generator().manual_seed(0))
+        tokens = (torch.arange(num_tokens) % self.tokenizer.vocab_size).expand(batch_size, num_tokens)
+        return {
+            "ids": [f"example-{i}" for i in range(batch_size)],
+            "audio": audio.to(self.device),
+            "audio_lens": torch.full((batch_size,), samples, device=self.device),
+            "tokens": tokens.contiguous().to(self.device),
+            "token_lens": torch.full((batch_size,), num_tokens, device=self.device),
+        }
+
+
+# Named sizes: ``debug`` for tests; FastConformer's published small/medium/large/xlarge (8x dw_striding).
+MODEL_SIZES: dict[str, dict[str, Any]] = {
+    "debug": {"d_model": 32, "num_layers": 2, "num_heads": 2, "conv_kernel_size": 5, "subsampling": "striding",
+              "subsampling_factor": 4, "subsampling_conv_channels": 32},
+    "small": {"d_model": 176, "num_layers": 16, "num_heads": 4},
+    "medium": {"d_model": 256, "num_layers": 16, "num_heads": 4},
+    "large": {"d_model": 512, "num_layers": 17, "num_heads": 8},
+    "xlarge": {"d_model": 1024, "num_layers": 24, "num_heads": 8},
+}  # fmt: skip
+
+
+@dataclass
+class ConformerCTCConfig:
+    """Config of :class:`ConformerCTCModel` (``size`` fills in the encoder shape; explicit encoder keys win)."""
+
+    sample_rate: int = 16000
+    size: str | None = None
+    tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
+    preprocessor: PreprocessorConfig = field(default_factory=PreprocessorConfig)
+    spec_augment: SpecAugmentConfig | None = field(default_factory=SpecAugmentConfig)
+    encoder: ConformerConfig = field(default_factory=ConformerConfig)
+    ctc_reduction: str = "mean_volume"
+    train_ds: LoaderConfig = field(default_factory=lambda: LoaderConfig(batch_duration=120.0))
+    validation_ds: LoaderConfig = field(
+        default_factory=lambda: LoaderConfig(batch_duration=300.0, use_bucketing=False, shuffle=False)
+    )
+    optim: OptimConfig = field(default_factory=OptimConfig)
+
+
+def sized_config(config: dict[str, Any]) -> dict[str, Any]:
+    """``config`` with ``size``'s encoder shape filled in under the keys it does not set itself."""
+    size = config.get("size")
+    if not size:
+        return config
+    if size not in MODEL_SIZES:
+        raise ValueError(f"Unknown model size {size!r}; choose one of {', '.join(MODEL_SIZES)}.")
+    return {**config, "encoder": {**MODEL_SIZES[size], **dict(config.get("encoder") or {})}}
+
+
+class ConformerCTCModel(CTCModel):
+    """Conformer (``striding``, 4x) or FastConformer (``dw_striding``, 8x) encoder with a CTC head."""
+
+    Config = ConformerCTCConfig
+
+    def __init__(self, cfg: Any) -> None:
+        if not isinstance(cfg, ConformerCTCConfig):
+            cfg = sized_config(OmegaConf.to_container(cfg) if OmegaConf.is_config(cfg) else dict(cfg))
+        super().__init__(cfg)
+
+    def build_encoder(self) -> tuple[torch.nn.Module, int]:
+        enc = OmegaConf.to_object(self.cfg.encoder)
+        return ConformerEncoder(enc, self.cfg.preprocessor.n_mels, self._init_seed), enc.d_model

@@ -1,0 +1,114 @@
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from speechtrain.asr.conformer import ConformerConfig, ConformerEncoder, MaskedBatchNorm1d
+from speechtrain.asr.spec_augment import SpecAugment, SpecAugmentConfig
+
+JOB = Path(__file__).with_name("conformer_tp_job.py")
+
+
+def _encoder(subsampling, factor, norm="batch_norm"):
+    cfg = ConformerConfig(d_model=32, num_layers=2, num_heads=4, conv_kernel_size=5, subsampling=subsampling,
+                          subsampling_factor=factor, subsampling_conv_channels=16, conv_norm_type=norm,
+                          dropout=0.0, dropout_att=0.0)  # fmt: skip
+    return ConformerEncoder(cfg, n_mels=20, seed=1)
+
+
+@pytest.mark.parametrize(("subsampling", "factor"), [("striding", 4), ("dw_striding", 8), ("striding", 2)])
+def test_output_shapes_and_lengths(subsampling, factor):
+    encoder = _encoder(subsampling, factor).eval()
+    lengths = torch.tensor([101, 64, 9, 1])
+    out, out_lengths = encoder(torch.randn(4, 20, 101), lengths)
+    expected = lengths.clone()
+    for _ in range(factor.bit_length() - 1):
+        expected = (expected - 1) // 2 + 1  # kernel 3, stride 2, padding 1
+    assert out_lengths.tolist() == expected.tolist() and out.shape == (4, int(expected.max()), 32)
+    assert expected.tolist()[0] == -(-101 // factor)
+    assert torch.all(out[1, out_lengths[1] :] == 0)
+
+
+@pytest.mark.parametrize(("subsampling", "factor"), [("striding", 4), ("dw_striding", 8)])
+@pytest.mark.parametrize("norm", ["batch_norm", "layer_norm"])
+def test_padding_never_changes_valid_outputs(subsampling, factor, norm):
+    torch.manual_seed(0)
+    encoder = _encoder(subsampling, factor, norm)
+    encoder.train()
+    encoder(torch.randn(4, 20, 80), torch.tensor([80, 70, 50, 20]))  # give batch norm some running statistics
+    encoder.eval()
+    lengths = [77, 40, 13]
+    feats = [torch.randn(20, n) for n in lengths]
+    batch = torch.zeros(3, 20, 77)
+    for i, f in enumerate(feats):
+        batch[i, :, : f.shape[1]] = f
+    with torch.no_grad():
+        out, out_lengths = encoder(batch, torch.tensor(lengths))
+        for i, f in enumerate(feats):
+            alone, n = encoder(f[None], torch.tensor([f.shape[1]]))
+            assert int(n) == int(out_lengths[i])
+            torch.testing.assert_close(out[i, : int(n)], alone[0], atol=1e-5, rtol=1e-5)
+
+
+def test_masked_batch_norm_uses_valid_frames_only():
+    norm = MaskedBatchNorm1d(2)
+    x = torch.tensor([[[1.0, 3.0, 100.0]], [[5.0, 7.0, -50.0]]]).expand(2, 2, 3).clone()
+    mask = torch.tensor([[True, True, False], [True, True, False]])
+    y = norm(x, mask)
+    valid = y[:, :, :2]
+    torch.testing.assert_close(valid.mean(), torch.tensor(0.0), atol=1e-6, rtol=0)
+    torch.testing.assert_close(norm.running_mean, torch.full((2,), 0.4))  # 0.1 * mean 4
+
+
+def test_spec_augment_masks_inside_each_utterance_and_is_off_in_eval():
+    torch.manual_seed(0)
+    augment = SpecAugment(SpecAugmentConfig(freq_masks=2, freq_width=5, time_masks=4, time_width=0.1))
+    feats = torch.ones(8, 20, 100)
+    lengths = torch.tensor([100, 80, 60, 50, 40, 30, 20, 10])
+    feats = feats * (torch.arange(100)[None, None, :] < lengths[:, None, None])
+    out = augment(feats, lengths)
+    assert torch.all(out[feats == 0] == 0) and (out == 0).sum() > (feats == 0).sum()
+    for i, n in enumerate(lengths.tolist()):
+        masked_frames = (out[i, :, :n] == 0).all(dim=0).sum()
+        assert masked_frames <= 4 * int(0.1 * n)  # time masks are at most 10% of each utterance
+        masked_bands = (out[i, :, :n] == 0).all(dim=1).sum()
+        assert masked_bands <= 2 * 5
+    assert torch.equal(augment.eval()(feats, lengths), feats)
+    fixed = SpecAugment(SpecAugmentConfig(freq_masks=0, time_masks=1, time_width=7)).train()
+    dropped = (fixed(torch.ones(50, 4, 100), torch.full((50,), 100)) == 0).all(dim=1).sum(dim=1)
+    assert dropped.max() <= 7 and dropped.max() > 0
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("subsampling", ["dw_striding", "striding"])
+def test_tensor_parallel_encoder_equals_single_process(tmp_path, subsampling):
+    env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "OMP_NUM_THREADS": "1"}
+    single, parallel = tmp_path / "tp1.pt", tmp_path / "tp2.pt"
+    commands = [
+        [sys.executable, str(JOB), "--out", str(single), "--subsampling", subsampling],
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={_free_port()}",
+         str(JOB), "--out", str(parallel), "--subsampling", subsampling],
+    ]  # fmt: skip
+    for command in commands:
+        result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=240, check=False)
+        assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
+    a, b = torch.load(single, weights_only=False), torch.load(parallel, weights_only=False)
+    assert a["weights"].keys() == b["weights"].keys()
+    for name in a["weights"]:
+        torch.testing.assert_close(b["weights"][name], a["weights"][name], atol=1e-7, rtol=1e-6, msg=name)  # same init
+    assert torch.equal(a["lengths"], b["lengths"])
+    torch.testing.assert_close(b["out"], a["out"], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(b["feat_grad"], a["feat_grad"], atol=1e-5, rtol=1e-5)
+    for name, grad in a["grads"].items():
+        # Relative to the gradient's norm: some are zero up to rounding (a bias followed by batch norm).
+        assert (b["grads"][name] - grad).norm() <= 1e-4 * grad.norm() + 5e-4, name

@@ -1,0 +1,178 @@
+import importlib.util
+import logging
+from pathlib import Path
+
+import lightning.pytorch as pl
+import pytest
+import torch
+import torch.nn.functional as F
+
+from speechtrain.asr.ctc import MODEL_SIZES, ConformerCTCModel, validation_set_name
+from speechtrain.asr.tokenizers import CharTokenizer, train_sentencepiece
+from speechtrain.core.model import SpeechModel, check_validation_schedule
+from speechtrain.data.cut_datasets import AsrCutDataset
+from speechtrain.data.lhotse_loader import CutBatch, LoaderConfig, read_cuts
+from speechtrain.lightning import MegatronStrategy, Trainer
+
+DIGITS = [" ", *"0123456789"]
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+def _config(manifest=None, tokenizer=None, **extra):
+    return {
+        "size": "debug",
+        "tokenizer": {"path": str(tokenizer)} if tokenizer else {"vocab": DIGITS},
+        "preprocessor": {"n_mels": 16, "dither": 0.0},
+        "spec_augment": None,
+        "encoder": {"d_model": 16, "num_heads": 2, "num_layers": 1, "subsampling_conv_channels": 8,
+                    "subsampling_factor": 2, "dropout": 0.0, "dropout_att": 0.0},
+        "train_ds": {"manifest_filepath": str(manifest) if manifest else None, "batch_size": 8,
+                     "batch_duration": None, "num_workers": 0},
+        "validation_ds": {"manifest_filepath": str(manifest) if manifest else None, "batch_size": 16,
+                          "batch_duration": None},
+        "optim": {"lr": 3e-3, "sched": {"name": "cosine", "warmup_steps": 2, "min_lr": 1e-5}},
+        **extra,
+    }  # fmt: skip
+
+
+def _batch(manifest, model, count=6):
+    cuts = read_cuts(LoaderConfig(manifest_filepath=str(manifest))).subset(first=count)
+    return AsrCutDataset(model.tokenizer)[CutBatch(cuts, 0)]
+
+
+def test_sizes_fill_the_encoder_and_explicit_keys_win():
+    model = ConformerCTCModel({"size": "small", "tokenizer": {"vocab": DIGITS}, "encoder": {"num_layers": 2}})
+    assert model.cfg.encoder.d_model == MODEL_SIZES["small"]["d_model"] and model.cfg.encoder.num_layers == 2
+    with pytest.raises(ValueError, match="Unknown model size 'huge'"):
+        ConformerCTCModel({"size": "huge", "tokenizer": {"vocab": DIGITS}})
+
+
+@pytest.mark.parametrize("reduction", ["mean_volume", "mean_batch"])
+def test_ctc_reductions(dtmf_manifest, reduction):
+    torch.manual_seed(0)
+    model = ConformerCTCModel(_config(ctc_reduction=reduction))
+    batch = _batch(dtmf_manifest, model)
+    log_probs, lengths = model.forward_step(batch)
+    loss_sum, count = model.loss_step(batch, (log_probs, lengths))
+    per_utterance = F.ctc_loss(log_probs.transpose(0, 1), batch["tokens"], lengths, batch["token_lens"],
+                               blank=len(DIGITS), reduction="none")  # fmt: skip
+    torch.testing.assert_close(loss_sum, per_utterance.sum())
+    expected_count = batch["token_lens"].sum() if reduction == "mean_volume" else torch.tensor(6)
+    assert int(count) == int(expected_count)
+    assert log_probs.shape[-1] == len(DIGITS) + 1 and log_probs.dtype == torch.float32
+
+
+def test_archive_round_trip_with_a_bpe_tokenizer_gives_identical_transcripts(tmp_path, dtmf_manifest):
+    texts = [" ".join(str((i * 7 + j) % 10) for j in range(2 + i % 6)) for i in range(300)]
+    bpe = train_sentencepiece(texts, tmp_path / "bpe", vocab_size=16)
+    torch.manual_seed(0)
+    model = ConformerCTCModel(_config(tokenizer=bpe))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.3 * torch.randn_like(p))  # an untrained model would only say blank
+    audio = [r.recording.sources[0].source for r in read_cuts(LoaderConfig(manifest_filepath=str(dtmf_manifest)))]
+    before = model.transcribe(audio[:8])
+    model.save_to(tmp_path / "model.stm")
+    bpe.unlink()  # the archive carries its own copy of the tokenizer
+    restored = SpeechModel.restore_from(tmp_path / "model.stm")
+    assert type(restored.tokenizer).__name__ == "SentencePieceTokenizer" and restored.tokenizer.vocab_size == 16
+    assert restored.transcribe(audio[:8]) == before and any(before)
+    # Batching does not change what is heard: padded frames never reach valid outputs.
+    assert restored.transcribe(audio[:8], batch_size=1) == before
+
+
+def test_several_validation_sets_are_reported_by_name(tmp_path, dtmf_manifest):
+    other = tmp_path / "other.json"
+    other.write_text("".join(dtmf_manifest.read_text().splitlines(keepends=True)[:10]).replace(
+        '"audio_filepath": "', f'"audio_filepath": "{dtmf_manifest.parent}/'))  # fmt: skip
+    cfg = _config(dtmf_manifest)
+    cfg["validation_ds"]["manifest_filepath"] = [str(dtmf_manifest), str(other)]
+    model = ConformerCTCModel(cfg)
+    trainer = Trainer(max_steps=2, strategy=MegatronStrategy(), logger=False, enable_checkpointing=False,
+                      enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
+                      use_distributed_sampler=False, val_check_interval=2, check_val_every_n_epoch=None)  # fmt: skip
+    trainer.fit(model)
+    metrics = trainer.callback_metrics
+    name = validation_set_name(str(dtmf_manifest))
+    for key in ("val_wer", "val_cer", "val_loss", f"val_wer_{name}", "val_wer_other", "val_cer_other"):
+        assert key in metrics, key
+    assert float(metrics["val_wer"]) == float(metrics[f"val_wer_{name}"])
+
+
+def test_validation_set_names():
+    assert validation_set_name("builtin:espeak/dev") == "dev"
+    assert validation_set_name("/data/corpus/test/manifest.json") == "test"
+    assert validation_set_name("/data/other_clean.json") == "other_clean"
+
+
+class _Sampler:
+    def batches_per_epoch(self):
+        return 10
+
+
+class _Trainer:
+    limit_val_batches = 1.0
+    check_val_every_n_epoch = 1
+    max_epochs = -1
+    val_check_interval = 1.0
+    accumulate_grad_batches = 1
+    max_steps = 5
+
+
+def test_a_run_that_would_never_validate_fails_at_start():
+    with pytest.raises(ValueError, match="max_steps=5 steps, before the first validation at batch 10"):
+        check_validation_schedule(_Trainer(), _Sampler(), True)
+    check_validation_schedule(_Trainer(), _Sampler(), False)  # nothing to validate: nothing to check
+    ok = _Trainer()
+    ok.max_steps = 10
+    check_validation_schedule(ok, _Sampler(), True)
+    steps = _Trainer()
+    steps.val_check_interval, steps.max_steps = 50, 100
+    with pytest.raises(ValueError, match="check_val_every_n_epoch=null"):
+        check_validation_schedule(steps, _Sampler(), True)
+    steps.check_val_every_n_epoch = None
+    check_validation_schedule(steps, _Sampler(), True)
+    epochs = _Trainer()
+    epochs.max_steps, epochs.max_epochs, epochs.check_val_every_n_epoch = -1, 2, 3
+    with pytest.raises(ValueError, match="check_val_every_n_epoch=3 but trainer.max_epochs=2"):
+        check_validation_schedule(epochs, _Sampler(), True)
+
+
+@pytest.mark.parametrize("limit", ["max_steps", "max_epochs", "max_time"])
+def test_the_learning_rate_schedule_follows_each_way_of_ending_a_run(dtmf_manifest, limit):
+    pl.seed_everything(0)
+    model = ConformerCTCModel(_config(dtmf_manifest))
+    ends = {"max_steps": {"max_steps": 8}, "max_epochs": {"max_epochs": 2}, "max_time": {"max_time": {"seconds": 4}}}
+    trainer = Trainer(strategy=MegatronStrategy(), logger=False, enable_checkpointing=False, limit_val_batches=0,
+                      enable_progress_bar=False, enable_model_summary=False, use_distributed_sampler=False,
+                      **ends[limit])  # fmt: skip
+    trainer.fit(model)
+    lr = trainer.optimizers[0].param_groups[0]["lr"]
+    # Each run ends near the end of its cosine: the learning rate is close to min_lr, far below the peak.
+    assert lr < 0.25 * 3e-3, (limit, lr, trainer.global_step)
+
+
+def _finetune_module():
+    spec = importlib.util.spec_from_file_location("asr_finetune", EXAMPLES / "asr_finetune.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_finetune_with_a_new_vocabulary_keeps_the_encoder_and_reports_the_decoder(tmp_path, caplog):
+    torch.manual_seed(0)
+    base = ConformerCTCModel(_config())
+    letters = tmp_path / "letters.json"
+    CharTokenizer([" ", *"abcdefghij"]).save(letters)
+    finetune = _finetune_module()
+    with caplog.at_level(logging.INFO):
+        model = finetune.finetune_model(base, {"tokenizer": {"path": str(letters)}, "optim": {"lr": 1e-4}})
+    assert "the CTC decoder is re-initialised; the encoder is kept" in caplog.text
+    assert model.cfg.optim.lr == 1e-4 and model.tokenizer.vocab == [" ", *"abcdefghij"]
+    for key, value in base.state_dict().items():
+        if key.startswith("encoder."):
+            assert torch.equal(model.state_dict()[key], value), key
+    assert not torch.equal(model.decoder.bias, base.decoder.bias[: model.decoder.bias.shape[0]])
+    # The same vocabulary: everything is loaded.
+    same = finetune.finetune_model(base, {"optim": {"lr": 1e-4}})
+    assert all(torch.equal(same.state_dict()[k], v) for k, v in base.state_dict().items())
