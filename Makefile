@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: install
-	OMP_WAIT_POLICY=PASSIVE $(BIN)/python examples/asr_train.py
+	OMP_WAIT_POLICY=PASSIVE $(BIN)/python examples/asr_train.py trainer.devices=2 model.train_ds.batch_duration=30
 
 test: install lint
 	OMP_WAIT_POLICY=PASSIVE $(BIN)/python -m pytest -q

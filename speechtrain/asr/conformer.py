@@ -46,6 +46,8 @@ class ConformerConfig:
         subsampling_conv_channels: channels of the subsampling convolutions (-1: d_model).
         dropout: residual, feed-forward and pre-encoder dropout.
         dropout_att: dropout on attention probabilities.
+        xscaling: multiply the subsampled input by sqrt(d_model) (NeMo's default is true; off here: with it, the
+            CPU demo model left the CTC plateau later).
     """
 
     d_model: int = 176
@@ -59,6 +61,7 @@ class ConformerConfig:
     subsampling_conv_channels: int = 256
     dropout: float = 0.1
     dropout_att: float = 0.1
+    xscaling: bool = False
 
 
 @contextlib.contextmanager
@@ -225,10 +228,11 @@ class ConformerEncoder(torch.nn.Module):
         self.layers = torch.nn.ModuleList(layers)
         self.dropout = torch.nn.Dropout(cfg.dropout)
         self.subsampling_factor = cfg.subsampling_factor
+        self.xscale = math.sqrt(cfg.d_model) if cfg.xscaling else 1.0
 
     def forward(self, feats: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         x, lengths = self.subsampling(feats, lengths)
-        x = self.dropout(x)
+        x = self.dropout(x * self.xscale)
         mask = frame_mask(lengths, x.shape[1])
         for layer in self.layers:
             x = layer(x, mask)

@@ -78,6 +78,7 @@ def _matches(key: str, patterns: list[str]) -> bool:
 
 def _load_source_state_dict(source: "str | Path | SpeechModel | dict[str, torch.Tensor]") -> dict[str, torch.Tensor]:
     if isinstance(source, SpeechModel):
+        source.configure_model()  # layers built on first use: an unbuilt model has no weights yet
         return source.state_dict()
     if isinstance(source, dict):
         return source

@@ -162,6 +162,7 @@ def _finetune_module():
 def test_finetune_with_a_new_vocabulary_keeps_the_encoder_and_reports_the_decoder(tmp_path, caplog):
     torch.manual_seed(0)
     base = ConformerCTCModel(_config())
+    base.configure_model()
     letters = tmp_path / "letters.json"
     CharTokenizer([" ", *"abcdefghij"]).save(letters)
     finetune = _finetune_module()
