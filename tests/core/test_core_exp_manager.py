@@ -86,9 +86,11 @@ def _final_weights(tmp_path):
 def test_resumed_run_equals_uninterrupted_run(tmp_path, dtmf_manifest):
     main = _example_main()
     straight, split = tmp_path / "straight", tmp_path / "split"
-    main(_job(straight, dtmf_manifest, "trainer.max_epochs=4"))
-    main(_job(split, dtmf_manifest, "trainer.max_epochs=2"))
-    main(_job(split, dtmf_manifest, "trainer.max_epochs=4", "exp_manager.resume_if_exists=true"))
+    # A constant schedule: a cosine over max_epochs would decay differently in a run told to stop after 2 epochs.
+    constant = "model.optim.sched.name=constant"
+    main(_job(straight, dtmf_manifest, "trainer.max_epochs=4", constant))
+    main(_job(split, dtmf_manifest, "trainer.max_epochs=2", constant))
+    main(_job(split, dtmf_manifest, "trainer.max_epochs=4", constant, "exp_manager.resume_if_exists=true"))
 
     assert len(list((split / "exp" / "asr_demo").iterdir())) == 1, "resume must continue the same run folder"
     with open(_run_folder(split) / "metrics.csv") as handle:
@@ -100,7 +102,7 @@ def test_resumed_run_equals_uninterrupted_run(tmp_path, dtmf_manifest):
     expected, resumed = _final_weights(straight), _final_weights(split)
     assert expected.keys() == resumed.keys()
     for key in expected:
-        torch.testing.assert_close(resumed[key], expected[key], rtol=0, atol=0, msg=key)
+        torch.testing.assert_close(resumed[key], expected[key], rtol=0, atol=0, msg=lambda m, key=key: f"{key}: {m}")
 
 
 def test_resume_without_checkpoint(tmp_path, dtmf_manifest):
@@ -145,7 +147,7 @@ def test_run_crashed_mid_epoch_resumes_on_the_same_batches(tmp_path, dtmf_manife
     main(_job(split, dtmf_manifest, "trainer.max_epochs=2", every4, "exp_manager.resume_if_exists=true"))
     expected, resumed = _final_weights(straight), _final_weights(split)
     for key in expected:
-        torch.testing.assert_close(resumed[key], expected[key], rtol=0, atol=0, msg=key)
+        torch.testing.assert_close(resumed[key], expected[key], rtol=0, atol=0, msg=lambda m, key=key: f"{key}: {m}")
 
 
 def test_bad_files_are_skipped_and_summarised_per_epoch(tmp_path, dtmf_manifest, caplog):
