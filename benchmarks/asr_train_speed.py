@@ -32,8 +32,7 @@ def train_speed(size: str, devices: int, steps: int, precision: str) -> float:
             f"model.train_ds.batch_duration={60 / devices}", f"exp_manager.exp_dir={exp}",
             "trainer.log_every_n_steps=1",
         ]  # fmt: skip
-        if size != "demo":
-            overrides += [f"model.size={size}", "~model.encoder"]
+        overrides.append(f"model.size={size}")
         env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE"}
         command = [sys.executable, str(ROOT / "examples" / "asr_train.py"), *overrides]
         result = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
@@ -56,8 +55,7 @@ def transcription_rtfx(size: str, count: int = 300) -> float:
     from speechtrain.data.synthetic import resolve_manifest
 
     cfg = OmegaConf.load(ROOT / "examples" / "conf" / "asr_train.yaml").model
-    if size != "demo":
-        cfg.size, cfg.encoder = size, {}
+    cfg.size = size
     ensure_tokenizer(cfg.tokenizer, cfg.train_ds.manifest_filepath)
     torch.manual_seed(0)
     model = ConformerCTCModel(cfg)

@@ -7,6 +7,7 @@ and the Megatron bridge's step contract. Subclasses build the encoder in :meth:`
 :class:`ConformerCTCModel` is the Conformer / FastConformer recogniser.
 """
 
+import dataclasses
 import logging
 import time
 from dataclasses import dataclass, field
@@ -67,7 +68,7 @@ def ensure_tokenizer(tokenizer_cfg: Any, train_manifest: Any) -> None:
     from speechtrain.data.manifest import read_nemo_manifest
     from speechtrain.lightning import settings
 
-    if tokenizer_cfg.path or tokenizer_cfg.vocab:
+    if getattr(tokenizer_cfg, "path", None) or getattr(tokenizer_cfg, "vocab", None):
         return
     if not train_manifest:
         raise ValueError("model.tokenizer names no tokenizer and there is no train_ds.manifest_filepath to train one.")
@@ -368,10 +369,13 @@ class CTCModel(SpeechModel):
         }
 
 
-# Named sizes: ``debug`` for tests; FastConformer's published small/medium/large/xlarge (8x dw_striding).
+# Named sizes: ``debug`` for tests; ``demo``, the CPU demo's 4x Conformer; FastConformer's published
+# small/medium/large/xlarge (8x dw_striding, the encoder defaults).
 MODEL_SIZES: dict[str, dict[str, Any]] = {
     "debug": {"d_model": 32, "num_layers": 2, "num_heads": 2, "conv_kernel_size": 5, "subsampling": "striding",
               "subsampling_factor": 4, "subsampling_conv_channels": 32},
+    "demo": {"d_model": 144, "num_layers": 8, "num_heads": 4, "conv_kernel_size": 15, "subsampling": "striding",
+             "subsampling_factor": 4, "subsampling_conv_channels": 64, "dropout": 0.0, "dropout_att": 0.0},
     "small": {"d_model": 176, "num_layers": 16, "num_heads": 4},
     "medium": {"d_model": 256, "num_layers": 16, "num_heads": 4},
     "large": {"d_model": 512, "num_layers": 17, "num_heads": 8},
@@ -398,13 +402,17 @@ class ConformerCTCConfig:
 
 
 def sized_config(config: dict[str, Any]) -> dict[str, Any]:
-    """``config`` with ``size``'s encoder shape filled in under the keys it does not set itself."""
+    """``config`` with ``size``'s encoder shape filled in. An encoder key wins over the size only when it differs
+    from the encoder's default (a validated config holds every key, so a default value cannot be told apart from
+    one that was not given)."""
     size = config.get("size")
     if not size:
         return config
     if size not in MODEL_SIZES:
         raise ValueError(f"Unknown model size {size!r}; choose one of {', '.join(MODEL_SIZES)}.")
-    return {**config, "encoder": {**MODEL_SIZES[size], **dict(config.get("encoder") or {})}}
+    defaults = dataclasses.asdict(ConformerConfig())
+    given = {k: v for k, v in dict(config.get("encoder") or {}).items() if k not in defaults or v != defaults[k]}
+    return {**config, "encoder": {**defaults, **MODEL_SIZES[size], **given}}
 
 
 class ConformerCTCModel(CTCModel):

@@ -88,7 +88,8 @@ def _signature_keys(schema: type | None, dotted_key: str) -> set[str] | None:
 
 
 def _upsert_known_arguments(overrides: list[str], schema: type | None) -> list[str]:
-    """Let ``trainer.enable_progress_bar=false`` set any real ``Trainer`` argument, listed in the YAML or not.
+    """Let ``trainer.enable_progress_bar=false`` set any real ``Trainer`` argument, and ``model.encoder.d_model=16``
+    any key of the schema, listed in the YAML or not.
 
     Free-form nodes checked against a signature (``keys_from``) accept every argument of that signature; Hydra
     would otherwise demand ``+`` for keys the YAML does not list.
@@ -99,8 +100,9 @@ def _upsert_known_arguments(overrides: list[str], schema: type | None) -> list[s
     for override in overrides:
         match = _OVERRIDE_KEY.match(override)
         if match is not None and match.group("prefix") is None and "=" in override:
-            parent, _, leaf = match.group("key").rpartition(".")
-            if leaf in (_signature_keys(schema, parent) or ()):
+            key = match.group("key")
+            parent, _, leaf = key.rpartition(".")
+            if leaf in (_signature_keys(schema, parent) or ()) or schema_field(schema, key) is not None:
                 override = f"++{override}"
         result.append(override)
     return result

@@ -186,7 +186,7 @@ def test_conv_ctc_example_batch_is_a_trainable_worst_case():
 
 def test_load_model_config_takes_the_model_node_of_a_training_config(tmp_path):
     model_cfg = load_model_config("examples/conf/asr_train.yaml", ConvCTCModel)
-    assert model_cfg["encoder"]["d_model"] == 144 and "trainer" not in model_cfg
+    assert model_cfg["size"] == "demo" and "trainer" not in model_cfg
     plain = tmp_path / "model.yaml"
     plain.write_text("encoder:\n  d_model: 8\n")
     assert load_model_config(plain, ConvCTCModel) == {"encoder": {"d_model": 8}}
