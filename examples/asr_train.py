@@ -12,7 +12,7 @@ import time
 import lightning.pytorch as pl
 from omegaconf import OmegaConf
 
-from speechtrain.asr.ctc import ConformerCTCConfig, ConformerCTCModel, ensure_tokenizer
+from speechtrain.asr.ctc import ConformerCTCConfig, ConformerCTCModel, ensure_tokenizer, fit_and_report
 from speechtrain.core.exp_manager import exp_manager
 from speechtrain.core.hydra_runner import hydra_runner
 from speechtrain.core.job import train_job_schema
@@ -29,12 +29,7 @@ def main(cfg):
     model = ConformerCTCModel(cfg.model)
     if cfg.init_from.path:
         model.init_from_pretrained(cfg.init_from.path, cfg.init_from.include, cfg.init_from.exclude)
-    trainer.fit(model)
-    results = trainer.validate(model, verbose=False) if model.val_dataloader() else []
-    if trainer.is_global_zero:
-        metrics = {k: v for r in results for k, v in r.items()}
-        shown = ", ".join(f"{k}={100 * float(v):.2f}%" for k, v in sorted(metrics.items()) if "wer" in k or "cer" in k)
-        print(f"\nFinal: {shown} | {time.perf_counter() - start:.0f} s wall | run folder {log_dir}")
+    fit_and_report(trainer, model, log_dir, start)
     teardown(trainer, model)
     return model
 

@@ -93,6 +93,16 @@ def ensure_tokenizer(tokenizer_cfg: Any, train_manifest: Any) -> None:
     tokenizer_cfg.path = str(model)
 
 
+def fit_and_report(trainer: Any, model: "CTCModel", log_dir: Any, start: float) -> None:
+    """Train, run a closing validation on every validation set, and print its WER/CER (global rank 0)."""
+    trainer.fit(model)
+    results = trainer.validate(model, verbose=False) if model.val_dataloader() else []
+    if trainer.is_global_zero:
+        metrics = {k: v for r in results for k, v in r.items()}
+        shown = ", ".join(f"{k}={100 * float(v):.2f}%" for k, v in sorted(metrics.items()) if "wer" in k or "cer" in k)
+        print(f"\nFinal: {shown} | {time.perf_counter() - start:.0f} s wall | run folder {log_dir}")
+
+
 def validation_set_name(manifest: str) -> str:
     """A short name for a validation manifest: ``builtin:espeak/dev`` -> ``dev``; ``.../dev/manifest.json`` -> ``dev``;
     ``.../other.json`` -> ``other``."""

@@ -330,14 +330,18 @@ class ResumableSampler:
         self.sampler = sampler
         self.epoch = 0
         self._resume: tuple[int, int] | None = None
+        self._counts: dict[int, int] = {}
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
         self.sampler.set_epoch(epoch)
 
     def batches_per_epoch(self) -> int:
-        """Batches in one pass at the current epoch (counted from metadata; batch counts vary a little by epoch)."""
-        return sum(1 for _ in self.sampler)
+        """Batches in one pass at the current epoch (counted from metadata once per epoch: a full pass over the
+        sampler; batch counts vary a little by epoch)."""
+        if self.epoch not in self._counts:
+            self._counts[self.epoch] = sum(1 for _ in self.sampler)
+        return self._counts[self.epoch]
 
     def resume(self, epoch: int, batches_done: int) -> None:
         """Continue from a checkpoint taken after ``batches_done`` batches of ``epoch``.
