@@ -2,10 +2,12 @@
 
 ``ColumnParallelLinear`` splits the output features over the tensor-parallel ranks; ``RowParallelLinear``
 splits the input features and all-reduces the partial products. Under TP=1 or without Megatron both are an
-ordinary affine map with parameters ``weight`` (out, in) and ``bias`` (out,); Megatron's layers are used only for
+ordinary affine map with parameters ``weight`` (out, in) and ``bias`` (out,), initialised like ``torch.nn.Linear``
+except that biases start at zero (as in Megatron); Megatron's layers are used only for
 TP > 1. State dicts of both paths have the same keys.
 """
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -15,6 +17,16 @@ import torch.nn.functional as F
 from speechtrain.lightning import parallel_state
 
 InitMethod = Callable[[torch.Tensor], torch.Tensor]
+
+
+def linear_default_init(weight: torch.Tensor) -> torch.Tensor:
+    """``torch.nn.Linear``'s weight initialisation, U(-1/sqrt(fan_in), 1/sqrt(fan_in)), on the full (out, in) weight.
+
+    The default of every layer here. Xavier-uniform, tried first, draws the (in -> in) and (4 in -> in) weights of a
+    transformer 1.7-2.2x larger: the demo Conformer then sat in the CTC all-blank plateau for its whole 25-minute
+    budget, while with this initialisation it leaves the plateau after ~150 steps.
+    """
+    return torch.nn.init.kaiming_uniform_(weight, a=math.sqrt(5))
 
 
 def _megatron_config(tp_size: int):  # noqa: ANN202 (Megatron's ModelParallelConfig)
@@ -83,7 +95,7 @@ class ColumnParallelLinear(_ParallelLinear):
         out_features: int,
         bias: bool = True,
         gather_output: bool = False,
-        init_method: InitMethod = torch.nn.init.xavier_uniform_,
+        init_method: InitMethod = linear_default_init,
     ) -> None:
         super().__init__()
         tp = parallel_state.tensor_parallel_world_size()
@@ -112,7 +124,7 @@ class RowParallelLinear(_ParallelLinear):
         out_features: int,
         bias: bool = True,
         input_is_parallel: bool = True,
-        init_method: InitMethod = torch.nn.init.xavier_uniform_,
+        init_method: InitMethod = linear_default_init,
     ) -> None:
         super().__init__()
         tp = parallel_state.tensor_parallel_world_size()
