@@ -5,7 +5,7 @@
 1. Padding ratio (padded frames / all frames in the batches) with and without duration bucketing (30 buckets),
    on the built-in eSpeak corpus and on a skewed mix of 20,000 utterances of 1-30 s (log-uniform durations,
    metadata only: padding depends on durations alone).
-2. Loader throughput in audio-seconds per second (FLAC decoding, checks, tokenising, padding) for
+2. Loader throughput in audio-seconds per second (WAV reading, checks, tokenising, padding) for
    num_workers 0 and 2, on the eSpeak corpus; and with speed perturbation and gain on.
 """
 
@@ -77,7 +77,7 @@ def main() -> None:
             label = "30 buckets" if bucketing else "none"
             print(f"| {name} | {label} | {100 * padding_ratio(cuts, cfg):.1f}% |")
     texts = [c.supervisions[0].text for c in espeak]
-    print("\n| loader (eSpeak corpus, FLAC) | audio-s/s |")
+    print("\n| loader (eSpeak corpus, WAV) | audio-s/s |")
     print("|---|---|")
     for workers in (0, 2):
         print(f"| num_workers={workers} | {throughput(manifest, texts, workers, args.batch_duration):.0f} |")

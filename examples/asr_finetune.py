@@ -12,7 +12,7 @@ from typing import Any
 import lightning.pytorch as pl
 from omegaconf import OmegaConf
 
-from speechtrain.asr.ctc import ensure_tokenizer, fit_and_report
+from speechtrain.asr.ctc import ConformerCTCConfig, ensure_tokenizer, fit_and_report
 from speechtrain.core.config import to_plain
 from speechtrain.core.exp_manager import exp_manager
 from speechtrain.core.hydra_runner import hydra_runner
@@ -46,7 +46,12 @@ def finetune_model(base: SpeechModel, overrides: dict[str, Any], include=None, e
     return model
 
 
-@hydra_runner(config_path="conf", config_name="asr_finetune", schema=train_job_schema(dict[str, Any], "asr_finetune"))
+# The model node holds overrides of the pretrained model's config: each key is checked against the Conformer-CTC
+# config (a typo fails at start) and can be set without '+', but nothing is filled in from defaults.
+FINETUNE_SCHEMA = train_job_schema(dict[str, Any], "asr_finetune", model_overrides_of=ConformerCTCConfig)
+
+
+@hydra_runner(config_path="conf", config_name="asr_finetune", schema=FINETUNE_SCHEMA)
 def main(cfg):
     start = time.perf_counter()
     pl.seed_everything(cfg.seed, verbose=False)

@@ -2,7 +2,9 @@
 
 A schema is a dataclass. A field whose type is another dataclass is checked recursively; a free-form field (a
 ``dict``) can still be checked against a callable's keyword arguments with ``field(metadata={"keys_from": fn})``
-(how the ``trainer`` node is checked against ``lightning.Trainer``).
+(how the ``trainer`` node is checked against ``lightning.Trainer``), or hold a partial config of a dataclass with
+``field(metadata={"overrides_of": SomeConfig})``: only the keys present are checked, nothing is filled in (how a
+fine-tuning job's ``model`` node overrides the pretrained model's config).
 """
 
 import dataclasses
@@ -41,7 +43,8 @@ def accepted_keywords(fn: Callable) -> set[str] | None:
 
 
 def schema_field(schema: type, dotted_key: str) -> dataclasses.Field | None:
-    """The dataclass field that ``dotted_key`` names inside ``schema`` (following nested dataclasses), if any."""
+    """The dataclass field that ``dotted_key`` names inside ``schema`` (following nested dataclasses and
+    ``overrides_of`` nodes), if any."""
     node: type | None = schema
     found = None
     for part in dotted_key.split("."):
@@ -49,7 +52,7 @@ def schema_field(schema: type, dotted_key: str) -> dataclasses.Field | None:
         found = fields.get(part)
         if found is None:
             return None
-        node = _dataclass_of(found.type)
+        node = _dataclass_of(found.type) or found.metadata.get("overrides_of")
     return found
 
 
@@ -73,6 +76,7 @@ def find_unknown_keys(config: Mapping[str, Any], schema: type, path: str = "") -
         child_path = f"{path}.{key}" if path else str(key)
         nested = _dataclass_of(fields[key].type)
         keys_from = fields[key].metadata.get("keys_from")
+        nested = nested or fields[key].metadata.get("overrides_of")
         if nested is not None and isinstance(value, Mapping):
             problems += find_unknown_keys(value, nested, child_path)
         elif keys_from is not None and isinstance(value, Mapping):

@@ -25,11 +25,14 @@ class InitFromConfig:
     exclude: list[str] | None = None
 
 
-def train_job_schema(model_config: type, name: str = "default") -> type:
+def train_job_schema(model_config: type, name: str = "default", model_overrides_of: type | None = None) -> type:
     """A dataclass for a whole training job whose ``model`` node is ``model_config``.
 
-    The ``trainer`` node is free-form but its keys are checked against ``lightning.Trainer``'s arguments.
+    The ``trainer`` node is free-form but its keys are checked against ``lightning.Trainer``'s arguments. With
+    ``model_overrides_of`` (and a free-form ``model_config`` such as ``dict[str, Any]``), the ``model`` node is a
+    partial config of that dataclass: its keys are checked, no defaults are added (fine-tuning overrides).
     """
+    model_meta = {"overrides_of": model_overrides_of} if model_overrides_of is not None else {}
     return dataclasses.make_dataclass(
         f"{model_config.__name__}Job",
         [
@@ -38,6 +41,6 @@ def train_job_schema(model_config: type, name: str = "default") -> type:
             ("trainer", dict[str, Any], field(default_factory=dict, metadata={"keys_from": pl.Trainer.__init__})),
             ("exp_manager", ExpManagerConfig, field(default_factory=ExpManagerConfig)),
             ("init_from", InitFromConfig, field(default_factory=InitFromConfig)),
-            ("model", model_config, field(default_factory=model_config)),
+            ("model", model_config, field(default_factory=model_config, metadata=model_meta)),
         ],
     )

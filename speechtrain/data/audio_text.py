@@ -139,7 +139,10 @@ class UtteranceReader:
                 if record["offset"] > 0 or record.get("segment"):
                     f.seek(min(round(record["offset"] * rate), f.frames))
                     frames = round(record["duration"] * rate)
-                audio = f.read(frames, dtype="float32", always_2d=True)
+                if f.subtype == "PCM_16":  # 16-bit samples / 32768, as libsndfile scales them, but 2x faster
+                    audio = f.read(frames, dtype="int16", always_2d=True).astype(np.float32) * np.float32(1 / 32768)
+                else:
+                    audio = f.read(frames, dtype="float32", always_2d=True)
         except (RuntimeError, OSError, ValueError) as e:
             return self.skip("unreadable_audio", path, f"{type(e).__name__}: {e}")
         audio = self._check_audio(audio, rate, path)
@@ -191,7 +194,7 @@ class UtteranceReader:
         """(T, C) samples -> mono (T,) tensor at ``sample_rate``, or None (skipped) if empty or not finite."""
         if audio.shape[0] == 0:
             return self.skip("empty_audio", path, "the audio has no samples")
-        audio = audio.mean(axis=1)
+        audio = audio[:, 0] if audio.shape[1] == 1 else audio.mean(axis=1)
         if not np.isfinite(audio).all():
             return self.skip("non_finite_audio", path, "the audio holds NaN or infinite samples")
         waveform = torch.from_numpy(np.ascontiguousarray(audio))

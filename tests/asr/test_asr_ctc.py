@@ -6,6 +6,7 @@ import lightning.pytorch as pl
 import pytest
 import torch
 import torch.nn.functional as F
+from omegaconf import OmegaConf
 
 from speechtrain.asr.ctc import MODEL_SIZES, ConformerCTCModel, validation_set_name
 from speechtrain.asr.tokenizers import CharTokenizer, train_sentencepiece
@@ -177,3 +178,26 @@ def test_finetune_with_a_new_vocabulary_keeps_the_encoder_and_reports_the_decode
     # The same vocabulary: everything is loaded.
     same = finetune.finetune_model(base, {"optim": {"lr": 1e-4}})
     assert all(torch.equal(same.state_dict()[k], v) for k, v in base.state_dict().items())
+
+
+def test_the_finetune_command_line_sets_model_keys_without_plus_and_catches_typos():
+    from speechtrain.core.config import ConfigError
+    from speechtrain.core.hydra_runner import compose_config
+
+    schema = _finetune_module().FINETUNE_SCHEMA
+    cfg = compose_config(EXAMPLES / "conf", "asr_finetune", [
+        "init_from.path=base.stm", "model.train_ds.manifest_filepath=new/train.json",
+        "model.validation_ds.manifest_filepath=new/dev.json", "model.tokenizer.vocab_size=256",
+    ], schema)  # fmt: skip
+    model = OmegaConf.to_container(cfg.model)
+    # Only what was given (and the YAML's optimiser settings): nothing else overrides the pretrained config.
+    assert model["train_ds"] == {"manifest_filepath": "new/train.json"}
+    assert model["tokenizer"] == {"vocab_size": 256} and set(model) == {
+        "train_ds",
+        "validation_ds",
+        "tokenizer",
+        "optim",
+    }
+    with pytest.raises(ConfigError, match="Did you mean 'model.train_ds.manifest_filepath'"):
+        compose_config(EXAMPLES / "conf", "asr_finetune", ["init_from.path=b", "+model.train_ds.manifest_filepth=x"],
+                       schema)  # fmt: skip

@@ -78,6 +78,17 @@ def test_good_item(tmp_path):
     assert not dataset.skipped
 
 
+@pytest.mark.parametrize("subtype", ["PCM_16", "PCM_24", "FLOAT"])
+def test_every_sample_format_reads_as_libsndfile_scales_it(tmp_path, subtype):
+    # 16-bit files take a faster integer path; its values must be exactly libsndfile's float conversion.
+    samples = _tone(1600, seed=3)
+    samples[:4] = [-1.0, 1.0 - 2**-15, 0.0, -(2**-15)]
+    name = _wav(tmp_path / "u.wav", samples, subtype=subtype)
+    item = AudioTextDataset(_manifest(tmp_path, [(name, 0.1, "a")]), TOKENIZER)[0]
+    expected, _ = sf.read(tmp_path / name, dtype="float32")
+    assert torch.equal(item["audio"], torch.from_numpy(expected))
+
+
 def test_stereo_is_averaged_to_mono(tmp_path):
     left, right = _tone(800, seed=1), _tone(800, seed=2)
     name = _wav(tmp_path / "st.wav", np.stack([left, right], axis=1), subtype="FLOAT")

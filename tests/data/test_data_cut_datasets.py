@@ -89,7 +89,7 @@ def test_in_memory_cuts_are_read_through_lhotse(tmp_path):
     expected = torch.from_numpy(sf.read(tmp_path / "a.wav", dtype="float32")[0])
     memory_cut = cut.move_to_memory(audio_format="flac")
     batch = AsrCutDataset(TOKENIZER)[[memory_cut]]
-    assert torch.allclose(batch["audio"][0], expected, atol=1e-4)  # FLAC stores 16-bit samples
+    assert torch.allclose(batch["audio"][0], expected, atol=1e-4)  # the corpus stores 16-bit samples
     broken = memory_cut.with_recording_path_prefix("")
     broken.recording.sources[0].source = b"not audio"
     assert AsrCutDataset(TOKENIZER)[[broken]]["skipped"] == {"unreadable_audio": 1}
