@@ -207,6 +207,36 @@ class ConformerLayer(torch.nn.Module):
         return self.out_norm(x)
 
 
+def conformer_forward_flops(cfg: ConformerConfig, n_mels: int, frames: torch.Tensor) -> torch.Tensor:
+    """Forward-pass FLOPs (2 per multiply-add) of the encoder on utterances of ``frames`` feature frames (B,).
+
+    Counts the matrix products and convolutions on valid frames (padding is not useful work); norms, activations
+    and softmax are left out. A tensor, so that a GPU run does not synchronise to count.
+    """
+    d, ff, k = cfg.d_model, cfg.ff_expansion_factor * cfg.d_model, cfg.conv_kernel_size
+    channels = cfg.subsampling_conv_channels if cfg.subsampling_conv_channels > 0 else d
+    frames = frames.to(torch.float64)
+    total = torch.zeros((), dtype=torch.float64, device=frames.device)
+    bands = n_mels
+    for step in range(int(math.log2(cfg.subsampling_factor))):
+        frames = torch.div(frames - 1, 2, rounding_mode="floor") + 1
+        bands = (bands - 1) // 2 + 1
+        if step == 0:
+            per_position = 9 * channels
+        elif cfg.subsampling == "striding":
+            per_position = 9 * channels * channels
+        else:
+            per_position = 9 * channels + channels * channels
+        total = total + 2 * (frames * bands).sum() * per_position
+    n = frames
+    total = total + 2 * n.sum() * channels * bands * d  # subsampling output projection
+    per_frame = 2 * (2 * d * ff) * 2  # two half-step feed-forward modules
+    per_frame += 2 * 4 * d * d + 2 * 2 * d * d  # q, k, v, out; positional projection (2n positions)
+    per_frame += 2 * (2 * d * d + d * k + d * d)  # convolution module: pointwise in (2d), depthwise, pointwise out
+    attention = 2 * 4 * d * (n * n).sum()  # content and positional scores (2n positions), weighted values
+    return total + cfg.num_layers * (per_frame * n.sum() + attention)
+
+
 class ConformerEncoder(torch.nn.Module):
     """Log-mel features (B, n_mels, F) -> encoded frames (B, F', d_model) and their lengths (B,).
 

@@ -28,7 +28,7 @@ from lightning.pytorch.loggers.logger import rank_zero_experiment
 from omegaconf import DictConfig, OmegaConf
 
 from speechtrain.core.config import validate_config
-from speechtrain.lightning import CallbackGroup
+from speechtrain.lightning import CallbackGroup, TelemetryCallback
 
 logger = logging.getLogger(__name__)
 
@@ -243,6 +243,9 @@ def exp_manager(
         loggers.append(ResumableCSVLogger(save_dir=run_root.parent, name=name, version=version))
     trainer.loggers = loggers
     trainer._default_root_dir = str(log_dir)
+    for callback in CallbackGroup.get_instance().callbacks:
+        if isinstance(callback, TelemetryCallback):
+            callback.set_output_dir(log_dir, trainer)  # telemetry.jsonl in the run folder (global rank 0)
 
     if cfg.create_checkpoint_callback:
         params = cfg.checkpoint_callback_params

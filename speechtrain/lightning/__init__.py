@@ -1,11 +1,11 @@
 """The bridge between PyTorch Lightning and Megatron Core.
 
 Everything public is importable from here: cache folders, :func:`get_vocab_size`, :func:`teardown`, the
-lifecycle callbacks (:class:`BaseCallback`, :class:`CallbackGroup`, :func:`hook_class_init_with_callbacks`) and
-:class:`Trainer`. Importing this package applies the SLURM interactive-mode fix to Lightning and silences
-Lightning's cloud-service tips and a deprecation warning about its own code (see
-:mod:`speechtrain.lightning.noise`); it never imports Megatron Core or transformer-engine (those load when a
-parallel model is built).
+lifecycle callbacks (:class:`BaseCallback`, :class:`CallbackGroup`, :func:`hook_class_init_with_callbacks`), the
+default :class:`TelemetryCallback`, and :class:`Trainer`. Importing this package applies the SLURM
+interactive-mode fix to Lightning and silences Lightning's cloud-service tips and a deprecation warning about its
+own code (see :mod:`speechtrain.lightning.noise`); it never imports Megatron Core or transformer-engine (those
+load when a parallel model is built).
 """
 
 from speechtrain.lightning import parallel_state
@@ -22,6 +22,7 @@ from speechtrain.lightning.settings import SPEECHTRAIN_DATASETS_CACHE, SPEECHTRA
 from speechtrain.lightning.slurm import is_slurm_interactive_mode, patch_slurm_interactive_mode
 from speechtrain.lightning.strategy import MegatronStrategy
 from speechtrain.lightning.teardown import teardown
+from speechtrain.lightning.telemetry import TelemetryCallback
 from speechtrain.lightning.trainer import Trainer
 from speechtrain.lightning.vocab import get_vocab_size
 
@@ -39,6 +40,7 @@ __all__ = [
     "MegatronMixedPrecision",
     "MegatronParallel",
     "MegatronStrategy",
+    "TelemetryCallback",
     "Trainer",
     "get_vocab_size",
     "hook_class_init_with_callbacks",

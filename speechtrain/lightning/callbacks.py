@@ -12,6 +12,7 @@ logged with the callback's name and the event, and the remaining callbacks still
 import atexit
 import functools
 import logging
+import sys
 import threading
 from typing import Any
 
@@ -92,6 +93,9 @@ class CallbackGroup:
     ``group.on_model_init_start()`` (or any other method name) calls that method on every registered callback
     that has it. ``on_app_start`` and ``on_app_end`` are delivered at most once per process; ``on_app_end`` also
     fires from an ``atexit`` hook if the job did not emit it.
+
+    A new group registers the :class:`~speechtrain.lightning.telemetry.TelemetryCallback` singleton first, unless
+    ``SPEECHTRAIN_TELEMETRY=0``.
     """
 
     _instance: "CallbackGroup | None" = None
@@ -101,6 +105,10 @@ class CallbackGroup:
         self._callbacks: list[Callback] = []
         self._once_emitted: set[str] = set()
         atexit.register(self.on_app_end)
+        from speechtrain.lightning.telemetry import TelemetryCallback, telemetry_enabled_by_env
+
+        if telemetry_enabled_by_env():
+            self.register(TelemetryCallback.get_instance())
 
     @classmethod
     def get_instance(cls) -> "CallbackGroup":
@@ -181,11 +189,14 @@ class CallbackGroup:
 
     @classmethod
     def reset(cls) -> None:
-        """Forget the process-wide group (for tests and for several jobs in one process)."""
+        """Forget the process-wide group and telemetry (for tests and for several jobs in one process)."""
         with cls._lock:
             if cls._instance is not None:
                 atexit.unregister(cls._instance.on_app_end)
             cls._instance = None
+        telemetry = sys.modules.get("speechtrain.lightning.telemetry")
+        if telemetry is not None:
+            telemetry.TelemetryCallback.reset()
 
 
 _initialising = threading.local()

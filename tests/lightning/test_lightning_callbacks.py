@@ -8,6 +8,13 @@ import pytest
 from speechtrain.lightning import LIFECYCLE_EVENTS, BaseCallback, CallbackGroup, hook_class_init_with_callbacks
 
 
+@pytest.fixture(autouse=True)
+def _no_default_callbacks(monkeypatch):
+    """These tests count and order the group's callbacks: leave the default telemetry callback out."""
+    monkeypatch.setenv("SPEECHTRAIN_TELEMETRY", "0")
+    CallbackGroup.reset()
+
+
 class Recorder(BaseCallback):
     """Appends ``(name, event, args, kwargs)`` to a shared log for every lifecycle event and two custom ones."""
 
