@@ -13,8 +13,9 @@ What it records (one JSON object per line in ``<run folder>/telemetry.jsonl``; s
   targets, log interval, whether validation and checkpointing are on, the checkpoint strategy and a perf tag.
 - lifecycle events with wall-clock timestamps; every ``*_end`` carries the duration since its ``*_start``.
 - ``train_interval`` every ``log_every_n_steps`` optimizer steps: iteration time, samples, audio-seconds and
-  tokens per second (all data-parallel ranks), the padding share of the batches, the measured global batch and
-  mean input frames per sample, and model TFLOP/s and MFU when the model states its FLOPs and the peak is known
+  tokens per second (all data-parallel ranks, estimated as rank 0's batches x the DP size), the padding share of
+  the batches, the measured global batch and mean input frames per sample, and model TFLOP/s and MFU when the
+  model states its FLOPs and the peak is known
   (``SPEECHTRAIN_PEAK_TFLOPS``, or a table of GPUs). A model states its FLOPs with ``flops_per_batch(batch)``;
   telemetry calls it once per interval with ``{"audio_lens": <every utterance of the interval>}``, so the count
   must be a sum over utterances (Conformer-CTC's is).
