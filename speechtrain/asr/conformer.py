@@ -82,6 +82,13 @@ def _conv_out_length(lengths: torch.Tensor) -> torch.Tensor:
     return torch.div(lengths - 1, 2, rounding_mode="floor") + 1
 
 
+def subsampled_lengths(lengths: torch.Tensor, factor: int) -> torch.Tensor:
+    """Frames left of ``lengths`` after ``factor``x subsampling (log2(factor) stride-2 convolutions)."""
+    for _ in range(int(math.log2(factor))):
+        lengths = _conv_out_length(lengths)
+    return lengths
+
+
 class Subsampling(torch.nn.Module):
     """(B, n_mels, F) features -> (B, F / factor, d_model), with lengths.
 
@@ -219,7 +226,7 @@ def conformer_forward_flops(cfg: ConformerConfig, n_mels: int, frames: torch.Ten
     total = torch.zeros((), dtype=torch.float64, device=frames.device)
     bands = n_mels
     for step in range(int(math.log2(cfg.subsampling_factor))):
-        frames = torch.div(frames - 1, 2, rounding_mode="floor") + 1
+        frames = _conv_out_length(frames)
         bands = (bands - 1) // 2 + 1
         if step == 0:
             per_position = 9 * channels

@@ -9,7 +9,6 @@ and the Megatron bridge's step contract. Subclasses build the encoder in :meth:`
 
 import dataclasses
 import logging
-import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,7 +21,13 @@ import torch.nn.functional as F
 from omegaconf import OmegaConf
 from torch.utils.data import DataLoader
 
-from speechtrain.asr.conformer import ConformerConfig, ConformerEncoder, conformer_forward_flops, seeded
+from speechtrain.asr.conformer import (
+    ConformerConfig,
+    ConformerEncoder,
+    conformer_forward_flops,
+    seeded,
+    subsampled_lengths,
+)
 from speechtrain.asr.features import LogMelFeatures, PreprocessorConfig
 from speechtrain.asr.metrics import edit_distance
 from speechtrain.asr.spec_augment import SpecAugment, SpecAugmentConfig
@@ -358,7 +363,7 @@ class CTCModel(SpeechModel):
     def output_frames(self, samples: int) -> int:
         """Encoder frames for an utterance of ``samples`` samples."""
         self._built()
-        lengths = torch.tensor([samples // self.preprocessor.hop + 1])
+        lengths = self.preprocessor.frame_lengths(torch.tensor([samples]))
         with torch.no_grad():
             feats = torch.zeros(1, self.cfg.preprocessor.n_mels, int(lengths))
             return int(self.encoder(feats, lengths)[1])
@@ -443,14 +448,9 @@ class ConformerCTCModel(CTCModel):
     def flops_per_batch(self, batch: dict[str, Any]) -> torch.Tensor:
         """Training FLOPs of one step on ``batch`` (forward x 3: the backward pass costs twice the forward), for
         the telemetry's model TFLOP/s and MFU."""
-        hop = int(round(self.cfg.preprocessor.window_stride * self.cfg.sample_rate))
-        frames = torch.div(batch["audio_lens"], hop, rounding_mode="floor") + 1
-        enc = self.__dict__.get("_encoder_shape")
-        if enc is None:
-            enc = self.__dict__["_encoder_shape"] = OmegaConf.to_object(self.cfg.encoder)
+        self._built()
+        frames = self.preprocessor.frame_lengths(batch["audio_lens"])
+        enc = OmegaConf.to_object(self.cfg.encoder)
         forward = conformer_forward_flops(enc, self.cfg.preprocessor.n_mels, frames)
-        out_frames = frames
-        for _ in range(int(math.log2(enc.subsampling_factor))):
-            out_frames = torch.div(out_frames - 1, 2, rounding_mode="floor") + 1
-        forward = forward + 2 * out_frames.sum() * enc.d_model * (self.tokenizer.vocab_size + 1)
-        return 3 * forward
+        out_frames = subsampled_lengths(frames, enc.subsampling_factor)
+        return 3 * (forward + 2 * out_frames.sum() * enc.d_model * (self.tokenizer.vocab_size + 1))

@@ -47,6 +47,10 @@ class LogMelFeatures(torch.nn.Module):
             pad_mode="constant",  # zeros past the end, exactly what batch padding adds: batched == per-utterance
         )
 
+    def frame_lengths(self, audio_lens: torch.Tensor) -> torch.Tensor:
+        """Feature frames of utterances of ``audio_lens`` samples (centred windows: one per hop, plus one)."""
+        return audio_lens // self.hop + 1
+
     def forward(self, audio: torch.Tensor, audio_lens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Compute features.
 
@@ -62,7 +66,7 @@ class LogMelFeatures(torch.nn.Module):
             if self.training and self.dither > 0:
                 audio = audio + self.dither * torch.randn_like(audio)
             feats = torch.log(self.mel(audio) + 2.0**-24)  # (B, n_mels, F)
-            lengths = audio_lens // self.hop + 1
+            lengths = self.frame_lengths(audio_lens)
             mask = torch.arange(feats.shape[-1], device=feats.device)[None, :] < lengths[:, None]  # (B, F)
             mask = mask[:, None, :]  # (B, 1, F)
             count = lengths[:, None, None].clamp(min=1)

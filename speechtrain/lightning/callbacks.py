@@ -12,7 +12,6 @@ logged with the callback's name and the event, and the remaining callbacks still
 import atexit
 import functools
 import logging
-import sys
 import threading
 from typing import Any
 
@@ -194,9 +193,9 @@ class CallbackGroup:
             if cls._instance is not None:
                 atexit.unregister(cls._instance.on_app_end)
             cls._instance = None
-        telemetry = sys.modules.get("speechtrain.lightning.telemetry")
-        if telemetry is not None:
-            telemetry.TelemetryCallback.reset()
+        from speechtrain.lightning.telemetry import TelemetryCallback
+
+        TelemetryCallback.reset()
 
 
 _initialising = threading.local()

@@ -546,7 +546,7 @@ class TelemetryCallback(BaseCallback):
         self._lifecycle("save_checkpoint_start", global_step=global_step)
 
     def on_save_checkpoint_success(self, global_step: int) -> None:
-        self.record("save_checkpoint_success", global_step=global_step)
+        self._lifecycle("save_checkpoint_success", global_step=global_step)
 
     def on_save_checkpoint_end(self, global_step: int) -> None:
         self._lifecycle("save_checkpoint_end", global_step=global_step)
