@@ -160,7 +160,7 @@ def infer_config(trainer: Any, model: Any = None) -> dict[str, Any]:
     )
     val_interval = getattr(trainer, "val_check_interval", None)
     limit_val = getattr(trainer, "limit_val_batches", 1.0)
-    validation = bool(val_interval) and bool(limit_val) and getattr(trainer, "check_val_every_n_epoch", 1) is not None
+    validation = bool(val_interval) and bool(limit_val)  # check_val_every_n_epoch=None: by steps, still on
     val_manifests = _get(_get(getattr(model, "cfg", None), "validation_ds"), "manifest_filepath")
     if _get(getattr(model, "cfg", None), "validation_ds") is not None and not val_manifests:
         validation = False

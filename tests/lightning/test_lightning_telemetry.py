@@ -94,6 +94,8 @@ def test_validation_checkpointing_and_async_saves_are_read_from_the_trainer():
     assert config["validation_enabled"] and not config["checkpointing_enabled"]
     assert config["checkpoint_strategy"] == "sync"
     asynchronous = SimpleNamespace(async_save=True)
+    by_steps = infer_config(_trainer(val_check_interval=100, check_val_every_n_epoch=None), model)
+    assert by_steps["validation_enabled"]
     config = infer_config(_trainer(limit_val_batches=0, checkpoint_callbacks=[asynchronous]), model)
     assert not config["validation_enabled"] and config["checkpointing_enabled"]
     assert config["checkpoint_strategy"] == "async"
