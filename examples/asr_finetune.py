@@ -12,7 +12,7 @@ from typing import Any
 import lightning.pytorch as pl
 from omegaconf import OmegaConf
 
-from speechtrain.asr.ctc import ConformerCTCConfig, ensure_tokenizer, fit_and_report
+from speechtrain.asr.ctc import ConformerCTCConfig, ensure_lm, ensure_tokenizer, fit_and_report
 from speechtrain.core.config import to_plain
 from speechtrain.core.exp_manager import exp_manager
 from speechtrain.core.hydra_runner import hydra_runner
@@ -25,7 +25,8 @@ logger = logging.getLogger("asr_finetune")
 
 def finetune_model(base: SpeechModel, overrides: dict[str, Any], include=None, exclude=None) -> SpeechModel:
     """A new model of ``base``'s class with ``overrides`` merged over its config, initialised from ``base``'s
-    weights. A different tokenizer keeps the encoder and re-initialises the decoder (said in the log)."""
+    weights. A different tokenizer keeps the encoder and re-initialises the decoder (said in the log).
+    ``decoding.lm_path: null`` fits a new beam-search LM on the new training transcripts."""
     overrides = dict(overrides)
     tokenizer = dict(overrides.get("tokenizer") or {})
     new_tokenizer = bool(tokenizer) and any(k in tokenizer for k in ("path", "vocab", "vocab_size", "type"))
@@ -33,6 +34,8 @@ def finetune_model(base: SpeechModel, overrides: dict[str, Any], include=None, e
     if new_tokenizer and not tokenizer.get("path") and not tokenizer.get("vocab"):
         cfg.tokenizer.path, cfg.tokenizer.vocab = None, None
         ensure_tokenizer(cfg.tokenizer, cfg.train_ds.manifest_filepath)
+    if "lm_path" in dict(overrides.get("decoding") or {}):
+        ensure_lm(cfg.decoding, cfg.train_ds.manifest_filepath)
     model = type(base)(cfg)
     exclude = list(exclude or [])
     if new_tokenizer or model.tokenizer.vocab_size != base.tokenizer.vocab_size:

@@ -12,7 +12,7 @@ import time
 import lightning.pytorch as pl
 from omegaconf import OmegaConf
 
-from speechtrain.asr.ctc import ConformerCTCConfig, ConformerCTCModel, ensure_tokenizer, fit_and_report
+from speechtrain.asr.ctc import ConformerCTCConfig, ConformerCTCModel, ensure_lm, ensure_tokenizer, fit_and_report
 from speechtrain.core.exp_manager import exp_manager
 from speechtrain.core.hydra_runner import hydra_runner
 from speechtrain.core.job import train_job_schema
@@ -26,6 +26,7 @@ def main(cfg):
     trainer = Trainer(**OmegaConf.to_container(cfg.trainer, resolve=True))
     log_dir = exp_manager(trainer, cfg.exp_manager, name=cfg.name, job_config=cfg)
     ensure_tokenizer(cfg.model.tokenizer, cfg.model.train_ds.manifest_filepath)
+    ensure_lm(cfg.model.decoding, cfg.model.train_ds.manifest_filepath)
     model = ConformerCTCModel(cfg.model)
     if cfg.init_from.path:
         model.init_from_pretrained(cfg.init_from.path, cfg.init_from.include, cfg.init_from.exclude)

@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from omegaconf import OmegaConf
 
 from speechtrain.asr.ctc import CTCModel, TokenizerConfig
+from speechtrain.asr.decoding import DecodingConfig
 from speechtrain.asr.features import PreprocessorConfig
 from speechtrain.asr.spec_augment import SpecAugmentConfig
 from speechtrain.core.optim import OptimConfig
@@ -55,6 +56,7 @@ class ConvCTCConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     spec_augment: SpecAugmentConfig | None = None
     ctc_reduction: str = "mean_volume"
+    decoding: DecodingConfig = field(default_factory=DecodingConfig)
 
 
 class ConvBlock(torch.nn.Module):

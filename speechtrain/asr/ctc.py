@@ -28,6 +28,7 @@ from speechtrain.asr.conformer import (
     seeded,
     subsampled_lengths,
 )
+from speechtrain.asr.decoding import STRATEGIES, BeamSearchDecoder, DecodingConfig, greedy_decode
 from speechtrain.asr.features import LogMelFeatures, PreprocessorConfig
 from speechtrain.asr.metrics import edit_distance
 from speechtrain.asr.spec_augment import SpecAugment, SpecAugmentConfig
@@ -62,11 +63,22 @@ def resolve_manifest(name: Any) -> str:
     return str(resolve(name))
 
 
+def _training_texts(train_manifest: Any, what: str, *params: Any) -> tuple[list[Path], str]:
+    """The resolved training manifests and a cache key of (their paths and sizes, ``params``)."""
+    import hashlib
+
+    if not train_manifest:
+        raise ValueError(f"There is no train_ds.manifest_filepath to train {what} on.")
+    manifests = [train_manifest] if isinstance(train_manifest, str) else list(train_manifest)
+    paths = [Path(resolve_manifest(m)).resolve() for m in manifests]
+    key = hashlib.sha256(repr([(str(p), p.stat().st_size, *params) for p in paths]).encode()).hexdigest()[:12]
+    return paths, key
+
+
 def ensure_tokenizer(tokenizer_cfg: Any, train_manifest: Any) -> None:
     """Fill in ``tokenizer_cfg.path`` with a sentencepiece model trained on ``train_manifest``'s transcripts when the
     config names no tokenizer. Trained once per (manifest, type, size), under the datasets cache; ranks that
     start together may each train it, with the same result (the file is replaced atomically)."""
-    import hashlib
     import os
     import tempfile
 
@@ -76,13 +88,7 @@ def ensure_tokenizer(tokenizer_cfg: Any, train_manifest: Any) -> None:
 
     if getattr(tokenizer_cfg, "path", None) or getattr(tokenizer_cfg, "vocab", None):
         return
-    if not train_manifest:
-        raise ValueError("model.tokenizer names no tokenizer and there is no train_ds.manifest_filepath to train one.")
-    manifests = [train_manifest] if isinstance(train_manifest, str) else list(train_manifest)
-    paths = [Path(resolve_manifest(m)).resolve() for m in manifests]
-    key = hashlib.sha256(
-        repr([(str(p), p.stat().st_size, tokenizer_cfg.type, tokenizer_cfg.vocab_size) for p in paths]).encode()
-    ).hexdigest()[:12]
+    paths, key = _training_texts(train_manifest, "a tokenizer", tokenizer_cfg.type, tokenizer_cfg.vocab_size)
     folder = (
         settings.SPEECHTRAIN_DATASETS_CACHE / "tokenizers" / f"{tokenizer_cfg.type}{tokenizer_cfg.vocab_size}-{key}"
     )
@@ -99,9 +105,43 @@ def ensure_tokenizer(tokenizer_cfg: Any, train_manifest: Any) -> None:
     tokenizer_cfg.path = str(model)
 
 
+def ensure_lm(decoding_cfg: Any, train_manifest: Any) -> None:
+    """Fill in ``decoding_cfg.lm_path`` with a word n-gram LM (:mod:`speechtrain.asr.ngram`) of order
+    ``lm_order`` fitted on ``train_manifest``'s transcripts, when the config asks for beam search and names no LM.
+    Fitted once per (manifest, order), under the datasets cache (seconds for the built-in corpus); ranks that
+    start together may each fit it, with the same result (the file is replaced atomically)."""
+    import os
+    import tempfile
+
+    from speechtrain.asr.ngram import NgramLM
+    from speechtrain.data.manifest import read_nemo_manifest
+    from speechtrain.lightning import settings
+
+    if decoding_cfg.strategy != "beam" or decoding_cfg.lm_path or decoding_cfg.lm_order <= 0:
+        return
+    paths, key = _training_texts(train_manifest, "an n-gram LM", decoding_cfg.lm_order)
+    folder = settings.SPEECHTRAIN_DATASETS_CACHE / "lms" / f"{decoding_cfg.lm_order}gram-{key}"
+    lm_path = folder / "lm.arpa"
+    if not lm_path.is_file():
+        start = time.perf_counter()
+        lm = NgramLM.fit((r["text"] for p in paths for r in read_nemo_manifest(p)), order=decoding_cfg.lm_order)
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=folder) as tmp:
+            lm.write_arpa(Path(tmp) / "lm.arpa")
+            os.replace(Path(tmp) / "lm.arpa", lm_path)
+        seconds = time.perf_counter() - start
+        logger.info("Fitted a %d-gram word LM (%d words) on %s in %.1f s: %s", decoding_cfg.lm_order,
+                    len(lm.probs[0]) - 3, ", ".join(map(str, paths)), seconds, lm_path)  # fmt: skip
+    decoding_cfg.lm_path = str(lm_path)
+
+
 def fit_and_report(trainer: Any, model: "CTCModel", log_dir: Any, start: float) -> None:
-    """Train, run a closing validation on every validation set, and print its WER/CER (global rank 0)."""
+    """Train, run a closing validation on every validation set, and print its WER/CER (global rank 0). A
+    preempted run exits instead (:func:`~speechtrain.lightning.fault_tolerance.exit_if_preempted`)."""
+    from speechtrain.lightning.fault_tolerance import exit_if_preempted
+
     trainer.fit(model)
+    exit_if_preempted(trainer)
     results = trainer.validate(model, verbose=False) if model.val_dataloader() else []
     if trainer.is_global_zero:
         metrics = {k: v for r in results for k, v in r.items()}
@@ -139,6 +179,13 @@ class CTCModel(SpeechModel):
         if cfg.ctc_reduction not in ("mean_volume", "mean_batch"):
             raise ValueError(f"model.ctc_reduction must be mean_volume or mean_batch, got {cfg.ctc_reduction!r}.")
         self.blank = self.tokenizer.vocab_size
+        if cfg.decoding.strategy not in STRATEGIES:
+            raise ValueError(f"model.decoding.strategy must be one of {', '.join(STRATEGIES)}, got "
+                             f"{cfg.decoding.strategy!r}.")  # fmt: skip
+        if cfg.decoding.lm_path:
+            self.register_artifact("decoding.lm_path", cfg.decoding.lm_path)
+        self._beam: BeamSearchDecoder | None = None
+        self._val_strategy = "greedy"
         # The base of every weight's initialisation stream: drawn once from the seeded global stream, so it is
         # the same on every rank and the same for every parallel layout.
         self._init_seed = int(torch.randint(0, 2**30, ()).item())
@@ -192,12 +239,21 @@ class CTCModel(SpeechModel):
 
     def greedy_decode(self, log_probs: torch.Tensor, lengths: torch.Tensor) -> list[str]:
         """Best path: argmax per frame, merge repeats, drop blanks."""
-        best = log_probs.argmax(-1).cpu()  # (B, F')
-        texts = []
-        for row, length in zip(best, lengths.cpu()):
-            ids = torch.unique_consecutive(row[:length]).tolist()
-            texts.append(self.tokenizer.decode([i for i in ids if i != self.blank]))
-        return texts
+        return [self.tokenizer.decode(ids) for ids in greedy_decode(log_probs, lengths, self.blank)]
+
+    def decode(self, log_probs: torch.Tensor, lengths: torch.Tensor, strategy: str | None = None) -> list[str]:
+        """Text of each utterance, decoded with ``strategy`` (default: ``cfg.decoding.strategy``)."""
+        strategy = strategy or self.cfg.decoding.strategy
+        if strategy == "greedy":
+            return self.greedy_decode(log_probs, lengths)
+        if self._beam is None:
+            decoding = DecodingConfig(**OmegaConf.to_container(self.cfg.decoding))
+            self._beam = BeamSearchDecoder(self.tokenizer, decoding)
+            skipped = self._beam.skipped_words
+            if skipped:
+                logger.warning("Beam search: %d LM words cannot be spelled by the tokenizer and are left out of the "
+                               "lexicon, e.g. %s.", len(skipped), skipped[:5])  # fmt: skip
+        return self._beam(log_probs, lengths)
 
     # ------------------------------------------------------------------ the Megatron bridge's step contract
     def set_input_tensor(self, tensors: list[torch.Tensor | None]) -> None:
@@ -229,35 +285,51 @@ class CTCModel(SpeechModel):
     # ---------------------------------------------------------------------------------------------- validation
     def on_validation_epoch_start(self) -> None:
         self._val_sums = {}
+        # Validation inside fit decodes greedily (fast, comparable across runs); trainer.validate uses
+        # cfg.decoding and, for beam search, also reports the greedy WER.
+        trainer = self._trainer
+        fitting = trainer is not None and trainer.state.fn == "fit"
+        self._val_strategy = "greedy" if fitting else self.cfg.decoding.strategy
 
     def validation_step(self, batch: dict[str, Any] | None, batch_idx: int, dataloader_idx: int = 0) -> None:
         if is_empty_batch(batch):
             return
         log_probs, lengths = self(batch["audio"], batch["audio_lens"])
-        hyps = self.greedy_decode(log_probs, lengths)
+        greedy = self.greedy_decode(log_probs, lengths)
+        hyps = greedy if self._val_strategy == "greedy" else self.decode(log_probs, lengths, self._val_strategy)
         refs = [self.tokenizer.decode(t[:n].tolist()) for t, n in zip(batch["tokens"], batch["token_lens"])]
-        word_err = sum(edit_distance(h.split(), r.split()) for h, r in zip(hyps, refs))
-        char_err = sum(edit_distance(h, r) for h, r in zip(hyps, refs))
+
+        def errors(texts: list[str]) -> tuple[int, int]:
+            return (sum(edit_distance(h.split(), r.split()) for h, r in zip(texts, refs)),
+                    sum(edit_distance(h, r) for h, r in zip(texts, refs)))  # fmt: skip
+
+        word_err, char_err = errors(hyps)
+        greedy_word_err, greedy_char_err = errors(greedy) if hyps is not greedy else (word_err, char_err)
         sums = torch.tensor(
             [self.ctc_losses(log_probs, lengths, batch).sum().item(), batch["token_lens"].sum().item(), word_err,
-             sum(len(r.split()) for r in refs), char_err, sum(len(r) for r in refs)],
+             sum(len(r.split()) for r in refs), char_err, sum(len(r) for r in refs), greedy_word_err,
+             greedy_char_err],
             dtype=torch.float64,
         )  # fmt: skip
-        self._val_sums[dataloader_idx] = self._val_sums.get(dataloader_idx, torch.zeros(6, dtype=torch.float64)) + sums
+        self._val_sums[dataloader_idx] = self._val_sums.get(dataloader_idx, torch.zeros(8, dtype=torch.float64)) + sums
 
     def on_validation_epoch_end(self) -> None:
         names = self._val_names or ["val"]
         for index, name in enumerate(names):
-            sums = self._val_sums.get(index, torch.zeros(6, dtype=torch.float64))
+            sums = self._val_sums.get(index, torch.zeros(8, dtype=torch.float64))
             if self.trainer.world_size > 1:
                 sums = self.trainer.strategy.reduce(sums.to(self.device), reduce_op="sum").cpu()
-            loss_sum, tokens, word_err, words, char_err, chars = sums.tolist()
+            loss_sum, tokens, word_err, words, char_err, chars, greedy_word_err, greedy_char_err = sums.tolist()
             metrics = {"loss": loss_sum / max(tokens, 1.0), "wer": word_err / max(words, 1.0),
                        "cer": char_err / max(chars, 1.0)}  # fmt: skip
+            if self._val_strategy != "greedy":
+                metrics["wer_greedy"] = greedy_word_err / max(words, 1.0)
+                metrics["cer_greedy"] = greedy_char_err / max(chars, 1.0)
             # Already summed over data-parallel ranks; sync_dist only averages identical values.
             for key, value in metrics.items():
                 if index == 0:
-                    self.log(f"val_{key}", value, prog_bar=key != "cer", sync_dist=True, add_dataloader_idx=False)
+                    self.log(f"val_{key}", value, prog_bar=key in ("loss", "wer"), sync_dist=True,
+                             add_dataloader_idx=False)  # fmt: skip
                 if len(names) > 1:
                     self.log(f"val_{key}_{name}", value, sync_dist=True, add_dataloader_idx=False)
 
@@ -343,7 +415,7 @@ class CTCModel(SpeechModel):
                 for i, w in enumerate(waves):
                     padded[i, : len(w)] = w
                 log_probs, lengths = self(padded.to(self.device), lens.to(self.device))
-                texts += self.greedy_decode(log_probs, lengths)
+                texts += self.decode(log_probs, lengths)
         finally:
             self.train(was_training)
         return texts
@@ -410,6 +482,7 @@ class ConformerCTCConfig:
     spec_augment: SpecAugmentConfig | None = field(default_factory=SpecAugmentConfig)
     encoder: ConformerConfig = field(default_factory=ConformerConfig)
     ctc_reduction: str = "mean_volume"
+    decoding: DecodingConfig = field(default_factory=DecodingConfig)
     train_ds: LoaderConfig = field(default_factory=lambda: LoaderConfig(batch_duration=120.0))
     validation_ds: LoaderConfig = field(
         default_factory=lambda: LoaderConfig(batch_duration=300.0, use_bucketing=False, shuffle=False)

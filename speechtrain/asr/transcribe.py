@@ -1,7 +1,11 @@
 """Transcribe audio with a saved model: one file, a folder of audio files, or a NeMo manifest.
 
     python -m speechtrain.asr.transcribe model_path=model.stm audio=test_manifest.json \\
-        [output=preds.json] [batch_duration=300] [batch_size=null] [device=auto|cpu|cuda] [precision=32|bf16]
+        [output=preds.json] [batch_duration=300] [batch_size=null] [device=auto|cpu|cuda] [precision=32|bf16] \\
+        [decoding=greedy|beam] [lm_path=lm.arpa] [beam_size=16] [lm_weight=1.0] [word_score=0.0]
+
+Decoding follows the model's ``decoding`` config (the demo's archives: beam search with the word 3-gram LM fitted
+on their training transcripts); the decoding keys override it for this run.
 
 Utterances are sorted by duration and grouped into batches of at most ``batch_duration`` seconds of audio (and at
 most ``batch_size`` utterances when set), so that little compute goes to padding. The output is JSON lines, one
@@ -29,6 +33,7 @@ import torch
 from omegaconf import OmegaConf
 
 from speechtrain.asr import metrics
+from speechtrain.asr.decoding import STRATEGIES
 from speechtrain.core.config import ConfigError, validate_config
 from speechtrain.core.model import SpeechModel
 from speechtrain.data.augment import resample
@@ -55,6 +60,8 @@ class TranscribeConfig:
         batch_size: most utterances per batch (None: no limit).
         device: ``auto`` (cuda if available), ``cpu`` or ``cuda``.
         precision: ``32``, or ``bf16`` (autocast).
+        decoding: ``greedy`` or ``beam``; None: the model's ``decoding.strategy``.
+        lm_path, beam_size, lm_weight, word_score: beam-search settings (None: the model's).
     """
 
     model_path: str | None = None
@@ -64,6 +71,17 @@ class TranscribeConfig:
     batch_size: int | None = None
     device: str = "auto"
     precision: str = "32"
+    decoding: str | None = None
+    lm_path: str | None = None
+    beam_size: int | None = None
+    lm_weight: float | None = None
+    word_score: float | None = None
+
+    def decoding_overrides(self) -> dict[str, Any]:
+        """The ``model.decoding`` keys this run sets."""
+        values = {"strategy": self.decoding, "lm_path": self.lm_path, "beam_size": self.beam_size,
+                  "lm_weight": self.lm_weight, "word_score": self.word_score}  # fmt: skip
+        return {k: v for k, v in values.items() if v is not None}
 
 
 # ------------------------------------------------------------------------------------------------------ inputs
@@ -307,8 +325,8 @@ def parse_args(argv: Sequence[str]) -> TranscribeConfig:
     missing = [k for k in ("model_path", "audio") if not getattr(cfg, k)]
     if missing:
         raise ConfigError(f"Missing {' and '.join(f'{k}=...' for k in missing)}.")
-    for key, choices in (("device", DEVICES), ("precision", PRECISIONS)):
-        if getattr(cfg, key) not in choices:
+    for key, choices in (("device", DEVICES), ("precision", PRECISIONS), ("decoding", STRATEGIES)):
+        if getattr(cfg, key) is not None and getattr(cfg, key) not in choices:
             raise ConfigError(f"{key}={getattr(cfg, key)}: expected one of {', '.join(choices)}.")
     _check_limits(cfg.batch_duration, cfg.batch_size)
     if cfg.device == "cuda" and not torch.cuda.is_available():
@@ -335,7 +353,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         sys.exit(f"error: {e}")
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     device = ("cuda" if torch.cuda.is_available() else "cpu") if cfg.device == "auto" else cfg.device
-    model = SpeechModel.restore_from(cfg.model_path, map_location=device).eval()
+    decoding = cfg.decoding_overrides()
+    override = {"decoding": decoding} if decoding else None
+    model = SpeechModel.restore_from(cfg.model_path, map_location=device, override_config=override).eval()
     if not callable(getattr(model, "transcribe", None)):
         sys.exit(f"error: {type(model).__name__} (from {cfg.model_path}) has no transcribe method.")
 

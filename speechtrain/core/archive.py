@@ -207,7 +207,12 @@ def read_archive(path: str | Path) -> Archive:
             raise ArchiveError(f"{path} is corrupt: member {name!r} does not match its recorded checksum.")
 
     config = yaml.safe_load(members[CONFIG])
-    state_dict = load_safetensors(members[WEIGHTS])
+    try:
+        state_dict = load_safetensors(members[WEIGHTS])
+    except Exception as error:  # safetensors raises its own error type for anything that is not its format
+        raise ArchiveError(
+            f"{path}: {WEIGHTS} is not a safetensors file ({error}); weights are never unpickled."
+        ) from None
     trainer_config = yaml.safe_load(members[TRAINER_CONFIG]) if TRAINER_CONFIG in members else None
     artifact_dir = None
     artifacts: dict[str, Path] = {}

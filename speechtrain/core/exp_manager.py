@@ -29,6 +29,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from speechtrain.core.config import validate_config
 from speechtrain.lightning import CallbackGroup, TelemetryCallback
+from speechtrain.lightning.fault_tolerance import PreemptionCallback
 
 logger = logging.getLogger(__name__)
 
@@ -74,7 +75,9 @@ class ExpManagerConfig:
         create_csv_logger: log to ``metrics.csv``.
         create_checkpoint_callback: save checkpoints (replaces Lightning's default checkpointing).
         checkpoint_callback_params: see :class:`CheckpointConfig`.
-        save_archive_on_train_end: write ``<name>.stm`` when training ends.
+        save_archive_on_train_end: write ``<name>.stm`` when training ends (not when it was preempted).
+        create_preemption_callback: on SIGTERM / SIGUSR1, save the ``last`` checkpoint at the next step boundary
+            and stop (see :mod:`speechtrain.lightning.fault_tolerance`).
     """
 
     exp_dir: str | None = None
@@ -88,6 +91,7 @@ class ExpManagerConfig:
     create_checkpoint_callback: bool = True
     checkpoint_callback_params: CheckpointConfig = field(default_factory=CheckpointConfig)
     save_archive_on_train_end: bool = True
+    create_preemption_callback: bool = True
 
 
 class SpeechCheckpoint(ModelCheckpoint):
@@ -140,7 +144,8 @@ class SpeechCheckpoint(ModelCheckpoint):
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         super().on_train_end(trainer, pl_module)
-        if self.archive_path is not None and hasattr(pl_module, "save_to"):
+        preempted = any(isinstance(cb, PreemptionCallback) and cb.preempted for cb in trainer.callbacks)
+        if self.archive_path is not None and hasattr(pl_module, "save_to") and not preempted:
             pl_module.save_to(self.archive_path)
             if trainer.is_global_zero:
                 logger.info("Saved the final model archive to %s", self.archive_path)
@@ -262,6 +267,9 @@ def exp_manager(
         )
         callback.CHECKPOINT_NAME_LAST = f"{name}--last"
         trainer.callbacks[:] = [cb for cb in trainer.callbacks if not isinstance(cb, ModelCheckpoint)] + [callback]
+
+    if cfg.create_preemption_callback and not any(isinstance(cb, PreemptionCallback) for cb in trainer.callbacks):
+        trainer.callbacks.append(PreemptionCallback())
 
     if resume_path is not None:
         trainer.ckpt_path = str(resume_path)

@@ -7,12 +7,17 @@ Without model parallelism a checkpoint is one file, as in Lightning. With TP x P
         metadata.json          the layout; written last, so a folder without it is an interrupted save
 
 Every save goes to ``<name>.ckpt.partial`` first and is renamed into place only when complete, so a crash never
-leaves a checkpoint that looks whole; an older checkpoint of the same name survives until the new one is ready.
+leaves a checkpoint that looks whole; an older checkpoint of the same name survives until the new one is ready,
+and one that cannot be written (a full disk) is reported with the path and leaves the previous one intact. On
+load, every member of the file's zip container is checked against its CRC-32 (torch writes one per record), so a
+truncated or corrupted file is refused with its name instead of loading wrong numbers.
 """
 
+import errno
 import json
 import os
 import shutil
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -54,15 +59,60 @@ def _replace(tmp: Path, path: Path) -> None:
     _remove(old)
 
 
+class CheckpointWriteError(OSError):
+    """A checkpoint could not be written (e.g. the disk is full); the previous one at that path is intact."""
+
+
+def _save(checkpoint: dict[str, Any], tmp: Path, path: Path) -> None:
+    """``torch.save`` to ``tmp``; on failure the partial file is removed and the error names ``path``."""
+    try:
+        torch.save(checkpoint, tmp)
+    except (OSError, RuntimeError) as e:  # torch reports a failed write as RuntimeError("... file write failed")
+        _remove(tmp)
+        if isinstance(e, RuntimeError) and "write" not in str(e).lower():
+            raise
+        reason = "the disk is full" if getattr(e, "errno", None) == errno.ENOSPC else f"{type(e).__name__}: {e}"
+        kept = f"the previous checkpoint at {path} is intact" if path.exists() else "no earlier checkpoint existed"
+        raise CheckpointWriteError(
+            getattr(e, "errno", None) or errno.EIO, f"Could not write checkpoint {path}: {reason}; {kept}."
+        ) from e
+
+
+def verify_file(path: str | os.PathLike) -> None:
+    """Check a checkpoint file's zip container: present, complete and every member matching its CRC-32.
+
+    Raises:
+        ValueError: naming the file (and the bad member) when it is truncated or corrupt.
+    """
+    path = Path(path)
+    if not zipfile.is_zipfile(path):
+        with open(path, "rb") as f:
+            head = f.read(4)
+        if head[:2] == b"PK" or not head:  # a zip whose end is missing, or an empty file
+            raise ValueError(f"Checkpoint {path} is truncated or corrupt (its zip directory is missing).")
+        return  # a legacy (non-zip) torch file: nothing to verify
+    try:
+        with zipfile.ZipFile(path) as archive:
+            bad = archive.testzip()
+    except (zipfile.BadZipFile, OSError, EOFError) as e:
+        raise ValueError(f"Checkpoint {path} is truncated or corrupt: {e}.") from None
+    if bad is not None:
+        raise ValueError(f"Checkpoint {path} is corrupt: member {bad!r} does not match its checksum.")
+
+
 def save_checkpoint(checkpoint: dict[str, Any], path: str | os.PathLike) -> None:
-    """Write ``checkpoint`` (each rank's own) atomically; a collective call on all ranks."""
+    """Write ``checkpoint`` (each rank's own) atomically; a collective call on all ranks.
+
+    Raises:
+        CheckpointWriteError: when the file cannot be written (e.g. a full disk); the previous one is kept.
+    """
     path = Path(path)
     tp, pp = parallel_state.tensor_parallel_world_size(), parallel_state.pipeline_parallel_world_size()
     tmp = path.with_name(path.name + ".partial")
     if tp * pp == 1:
         if _is_global_zero():
             path.parent.mkdir(parents=True, exist_ok=True)
-            torch.save(checkpoint, tmp)
+            _save(checkpoint, tmp, path)
             _replace(tmp, path)
         _barrier()
         return
@@ -72,7 +122,7 @@ def save_checkpoint(checkpoint: dict[str, Any], path: str | os.PathLike) -> None
     _barrier()
     if parallel_state.data_parallel_rank() == 0:
         shard = tmp / _shard_name(parallel_state.tensor_parallel_rank(), parallel_state.pipeline_parallel_rank())
-        torch.save(checkpoint, shard)
+        _save(checkpoint, shard, path)
     _barrier()
     if _is_global_zero():
         expected = {_shard_name(t, p) for t in range(tp) for p in range(pp)}
@@ -90,10 +140,12 @@ def load_checkpoint(path: str | os.PathLike, weights_only: bool = True) -> dict[
     """This rank's part of a checkpoint written by :func:`save_checkpoint` (or a plain Lightning file).
 
     Raises:
-        ValueError: the folder is an interrupted save, or was written with another TP/PP layout.
+        ValueError: the file is truncated or corrupt, the folder is an interrupted save, or it was written with
+            another TP/PP layout.
     """
     path = Path(path)
     if path.is_file():
+        verify_file(path)
         return torch.load(path, map_location="cpu", weights_only=weights_only)
     metadata_file = path / METADATA
     if not metadata_file.is_file():
@@ -109,6 +161,7 @@ def load_checkpoint(path: str | os.PathLike, weights_only: bool = True) -> dict[
             "loads under any layout."
         )
     shard = path / _shard_name(parallel_state.tensor_parallel_rank(), parallel_state.pipeline_parallel_rank())
+    verify_file(shard)
     return torch.load(shard, map_location="cpu", weights_only=weights_only)
 
 

@@ -104,6 +104,7 @@ class MegatronMixedPrecision(Precision):
         self.precision = precision
         self.init_args = {"precision": precision, "fp8": fp8}
         self.scaler = (loss_scale or DynamicLossScaler()) if precision == "16-mixed" else None
+        self.skip_step = False
 
     @property
     def autocast_dtype(self) -> torch.dtype | None:
@@ -147,6 +148,9 @@ class MegatronMixedPrecision(Precision):
         self, optimizer: Any, model: pl.LightningModule, closure: Callable[[], Any], **kwargs: Any
     ) -> Any:
         closure_result = closure()
+        if self.skip_step:  # the strategy's NonFiniteGuard dropped this step's gradients
+            self.skip_step = False
+            return closure_result
         found_inf = self._unscale_and_check(optimizer) if self.scaler is not None else False
         self._after_closure(model, optimizer)
         if not found_inf:

@@ -14,6 +14,7 @@ from lightning.pytorch.strategies import DDPStrategy
 
 from speechtrain.lightning import checkpoint as sharded
 from speechtrain.lightning import parallel_state
+from speechtrain.lightning.fault_tolerance import NonFiniteGuard
 from speechtrain.lightning.megatron_compat import import_megatron, model_parallel_manual_seed
 from speechtrain.lightning.megatron_parallel import MegatronParallel
 from speechtrain.lightning.precision import MegatronMixedPrecision
@@ -39,6 +40,9 @@ class MegatronStrategy(DDPStrategy):
         use_distributed_optimizer: shard optimizer states over the data-parallel ranks (ZeRO-1, PyTorch's
             ``ZeroRedundancyOptimizer``): the same updates with 1/DP of the optimizer memory per rank.
         seed: seed of the model-parallel RNG streams (default: Lightning's global seed, else 1234).
+        max_consecutive_nonfinite_steps: a step whose loss or gradients are not finite is skipped (no update),
+            counted and logged with its cut IDs; this many in a row checkpoint the last good state and stop the
+            run (:class:`~speechtrain.lightning.fault_tolerance.NonFiniteGuard`; 0 turns the guard off).
         **kwargs: ``DDPStrategy`` arguments (``process_group_backend``, ``timeout``, ...).
     """
 
@@ -54,6 +58,7 @@ class MegatronStrategy(DDPStrategy):
         micro_batch_size: int | None = None,
         use_distributed_optimizer: bool = False,
         seed: int | None = None,
+        max_consecutive_nonfinite_steps: int = 10,
         **kwargs: Any,
     ) -> None:
         self.init_args = {
@@ -65,6 +70,7 @@ class MegatronStrategy(DDPStrategy):
             "micro_batch_size": micro_batch_size,
             "use_distributed_optimizer": use_distributed_optimizer,
             "seed": seed,
+            "max_consecutive_nonfinite_steps": max_consecutive_nonfinite_steps,
             **{k: v for k, v in kwargs.items() if isinstance(v, bool | int | float | str) or v is None},
         }
         for name, value in (
@@ -86,6 +92,7 @@ class MegatronStrategy(DDPStrategy):
         self.micro_batch_size = micro_batch_size
         self.use_distributed_optimizer = use_distributed_optimizer
         self.seed = seed
+        self.nonfinite_guard = NonFiniteGuard(max_consecutive_nonfinite_steps)
         self.megatron_parallel: MegatronParallel | None = None
 
     # ------------------------------------------------------------------------------------------ process setup
@@ -159,6 +166,13 @@ class MegatronStrategy(DDPStrategy):
         self.lightning_module.zero_grad(set_to_none=True)
         with self.precision_plugin.train_step_context():
             loss = self.megatron_parallel.run(batch, forward_only=False)
+        # Under fp16 the loss scaler handles overflowing gradients; the guard then looks at the loss only.
+        check_grads = getattr(self.precision_plugin, "scaler", None) is None
+        if not self.nonfinite_guard.check(self.lightning_module.trainer, self.lightning_module, loss, batch,
+                                          check_grads):  # fmt: skip
+            self.precision_plugin.skip_step = True
+            self.lightning_module.log("nonfinite_steps", float(self.nonfinite_guard.total), batch_size=1)
+            return loss
         self.lightning_module.log("reduced_train_loss", loss, prog_bar=True, batch_size=1)
         return loss
 

@@ -107,6 +107,23 @@ def megatron_strategy_from_config(config: Mapping[str, Any]) -> pl.strategies.St
     return MegatronStrategy(**dict(config))
 
 
+def _refuse_targets(value: Any, where: str) -> None:
+    """Config data must not name classes to build: a YAML file or a command line cannot make speechtrain import
+    code (``trainer.strategy`` as a mapping is the Megatron bridge's own arguments, not a ``_target_``)."""
+    if isinstance(value, Mapping):
+        if "_target_" in value:
+            raise ValueError(
+                f"{where}: {{_target_: {value['_target_']}}} is not instantiated: speechtrain never imports classes "
+                "named in a config. Build the object in Python and pass it, or use the config keys provided "
+                "(e.g. trainer.strategy.*)."
+            )
+        for key, item in value.items():
+            _refuse_targets(item, f"{where}.{key}")
+    elif isinstance(value, list | tuple):
+        for index, item in enumerate(value):
+            _refuse_targets(item, f"{where}[{index}]")
+
+
 class _EventfulCheckpointConnector(_CheckpointConnector):
     """Lightning's checkpoint restore, announced as ``on_load_checkpoint_start`` / ``_end`` lifecycle events."""
 
@@ -146,6 +163,7 @@ class Trainer(pl.Trainer):
         bound = inspect.signature(pl.Trainer.__init__).bind(None, *args, **kwargs)
         arguments = dict(bound.arguments)
         arguments.pop("self")
+        _refuse_targets(arguments, "trainer")
         self.init_args: dict[str, Any] = _snapshot(arguments)
         if isinstance(kwargs.get("strategy"), Mapping):
             kwargs["strategy"] = megatron_strategy_from_config(kwargs["strategy"])

@@ -1,0 +1,52 @@
+"""Per-step cost of the fault-tolerance checks, on the bridge benchmark's model (one CPU process).
+
+    python benchmarks/fault_tolerance.py [--repeats 200]
+
+Times ``NonFiniteGuard.check`` (loss and gradient finiteness: one fused norm over all gradients) after a real
+backward pass, and the preemption flag's agreement between ranks, against the step time of the plain loop in
+``benchmarks/bridge_overhead.py``. Multi-rank runs add one all-reduce of one number per check (not measured here).
+"""
+
+import argparse
+import statistics
+import time
+
+import torch
+from bridge_overhead import _model
+
+from speechtrain.lightning.fault_tolerance import NonFiniteGuard, _any_rank
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=200)
+    args = parser.parse_args()
+    torch.set_flush_denormal(True)
+    model = _model()
+    model.configure_model()
+    batch = next(iter(model.train_dataloader()))
+    start = time.perf_counter()
+    loss_sum, frames = model.loss_step(batch, model.forward_step(batch))
+    loss = loss_sum / frames
+    loss.backward()
+    step = time.perf_counter() - start
+    parameters = list(model.parameters())
+    guard = NonFiniteGuard()
+    check, flag = [], []
+    for _ in range(args.repeats):
+        start = time.perf_counter()
+        ok = guard._finite(loss.detach(), parameters, check_grads=True)
+        check.append(time.perf_counter() - start)
+        start = time.perf_counter()
+        _any_rank(False)
+        flag.append(time.perf_counter() - start)
+    assert ok
+    params = sum(p.numel() for p in parameters)
+    check_ms, flag_ms = 1e3 * statistics.median(check), 1e3 * statistics.median(flag)
+    print(f"model: {params / 1e6:.2f}M parameters; forward + backward: {1e3 * step:.1f} ms")
+    print(f"NonFiniteGuard check (loss + all gradients): {check_ms:.3f} ms = {100 * check_ms / (1e3 * step):.2f}%")
+    print(f"preemption flag (one process): {1e3 * flag_ms:.1f} us")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,174 @@
+"""Runs that survive preemption and numerical faults.
+
+* :class:`PreemptionCallback` (registered by ``exp_manager``; NeMo's ``create_preemption_callback``): on SIGTERM
+  or SIGUSR1 (SLURM's warning signals) the run finishes the current step, every rank agrees at the step boundary,
+  the ``last`` checkpoint is written and training stops; :func:`exit_if_preempted` then ends the process with
+  :data:`PREEMPTED_EXIT_CODE` on global rank 0 (75, ``EX_TEMPFAIL``: "try again"), which a job script turns into a
+  requeue. Started again with ``exp_manager.resume_if_exists=true``, the run continues from that checkpoint.
+* :class:`NonFiniteGuard` (owned by ``MegatronStrategy``): a step whose loss or gradients are not finite on any
+  rank is skipped on every rank (no optimizer update), counted and logged with the cut IDs of the batch; after
+  ``max_consecutive`` such steps in a row the last good state is checkpointed and :class:`NonFiniteLossError`
+  stops the run. Under fp16 the loss scaler owns overflowing gradients; only a non-finite loss counts there.
+"""
+
+import logging
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+
+logger = logging.getLogger(__name__)
+
+PREEMPTED_EXIT_CODE = 75
+PREEMPTION_SIGNALS = ("SIGTERM", "SIGUSR1")
+
+
+def _any_rank(flag: bool, group: Any = None) -> bool:
+    """True when ``flag`` is set on any rank of ``group`` (the world by default): a collective call."""
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return flag
+    value = torch.tensor([1.0 if flag else 0.0])
+    if torch.distributed.get_backend(group) == "nccl":
+        value = value.cuda()
+    torch.distributed.all_reduce(value, op=torch.distributed.ReduceOp.MAX, group=group)
+    return bool(value.item() > 0)
+
+
+def save_resume_checkpoint(trainer: pl.Trainer, fallback_name: str) -> Path:
+    """Write the checkpoint a restart resumes from: the run's ``last`` checkpoint when ``exp_manager`` set up
+    checkpointing, else ``<default_root_dir>/<fallback_name>``. A collective call on all ranks."""
+    callback = trainer.checkpoint_callback
+    if callback is not None and getattr(callback, "save_last", False) and callback.dirpath:
+        path = Path(callback.format_checkpoint_name({}, callback.CHECKPOINT_NAME_LAST))
+        if callback._last_global_step_saved != trainer.global_step or not path.exists():
+            callback._save_last_checkpoint(trainer, callback._monitor_candidates(trainer))
+        return Path(callback.last_model_path or path)
+    path = Path(trainer.default_root_dir) / fallback_name
+    trainer.save_checkpoint(path)
+    return path
+
+
+class PreemptionCallback(pl.Callback):
+    """Checkpoint and stop at the next step boundary after SIGTERM / SIGUSR1 (see the module docstring).
+
+    Args:
+        signals: names of the signals that mean "you are about to be preempted".
+    """
+
+    def __init__(self, signals: tuple[str, ...] = PREEMPTION_SIGNALS) -> None:
+        self.signals = [getattr(signal, name) for name in signals]
+        self.received: int | None = None
+        self.preempted = False
+        self.checkpoint: Path | None = None
+        self._previous: dict[int, Any] = {}
+
+    def _handler(self, signum: int, frame: Any) -> None:
+        if self.received is None:
+            logger.warning("Received %s: saving a checkpoint at the end of this step, then stopping.",
+                           signal.Signals(signum).name)  # fmt: skip
+        self.received = signum
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # After Lightning's own handlers (which would kill the processes without a checkpoint on SIGTERM).
+        import threading
+
+        if threading.current_thread() is not threading.main_thread():
+            logger.warning("PreemptionCallback: not in the main thread; signals are not handled.")
+            return
+        for signum in self.signals:
+            self._previous[signum] = signal.getsignal(signum)
+            signal.signal(signum, self._handler)
+
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: Any, **kwargs: Any
+    ) -> None:
+        if not _any_rank(self.received is not None):
+            return
+        self.checkpoint = save_resume_checkpoint(trainer, "preempted.ckpt")
+        self.preempted = True
+        trainer.should_stop = True
+        if trainer.is_global_zero:
+            logger.warning("Preempted: saved %s at step %d; stopping (exit code %d). Restart the same command with "
+                           "exp_manager.resume_if_exists=true to continue.", self.checkpoint, trainer.global_step,
+                           PREEMPTED_EXIT_CODE)  # fmt: skip
+
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        for signum, handler in self._previous.items():
+            if signal.getsignal(signum) == self._handler:  # Lightning may have restored its originals already
+                signal.signal(signum, handler)
+        self._previous = {}
+
+
+def exit_if_preempted(trainer: pl.Trainer) -> None:
+    """After ``fit``: if a :class:`PreemptionCallback` stopped the run, exit the process (global rank 0 with
+    :data:`PREEMPTED_EXIT_CODE`, the others with 0 so that a launcher does not kill rank 0 before it exits)."""
+    for callback in trainer.callbacks:
+        if isinstance(callback, PreemptionCallback) and callback.preempted:
+            sys.exit(PREEMPTED_EXIT_CODE if trainer.is_global_zero else 0)
+
+
+class NonFiniteLossError(RuntimeError):
+    """Too many consecutive steps with a non-finite loss or gradients."""
+
+
+class NonFiniteGuard:
+    """Decides, after forward and backward, whether a step may update the weights (see the module docstring).
+
+    Args:
+        max_consecutive: stop after this many skipped steps in a row (0: never skip; a non-finite step then
+            updates the weights as it would without the guard).
+    """
+
+    def __init__(self, max_consecutive: int = 10) -> None:
+        if max_consecutive < 0:
+            raise ValueError(f"max_consecutive_nonfinite_steps must be >= 0, got {max_consecutive}.")
+        self.max_consecutive = max_consecutive
+        self.consecutive = 0
+        self.total = 0
+
+    @staticmethod
+    def _finite(loss: torch.Tensor, parameters: list[torch.nn.Parameter], check_grads: bool) -> bool:
+        if not bool(torch.isfinite(loss).all()):
+            return False
+        if not check_grads:
+            return True
+        grads = [p.grad for p in parameters if p.grad is not None]
+        return not grads or bool(torch.isfinite(torch.stack(torch._foreach_norm(grads))).all())
+
+    def check(self, trainer: pl.Trainer, module: torch.nn.Module, loss: torch.Tensor, batch: Any,
+              check_grads: bool = True) -> bool:  # fmt: skip
+        """True when this step may update the weights. Otherwise the gradients are dropped, the step is counted
+        and logged, and after ``max_consecutive`` in a row the last good state is saved and
+        :class:`NonFiniteLossError` raised. A collective call on all ranks."""
+        if self.max_consecutive == 0:
+            return True
+        bad = _any_rank(not self._finite(loss, list(module.parameters()), check_grads))
+        if not bad:
+            self.consecutive = 0
+            return True
+        self.consecutive += 1
+        self.total += 1
+        module.zero_grad(set_to_none=True)
+        ids = list(batch.get("ids", [])) if isinstance(batch, dict) else []
+        shown = ", ".join(map(str, ids[:20])) + (f" ... ({len(ids)} in all)" if len(ids) > 20 else "")
+        logger.warning("Step %d: non-finite loss or gradients; the optimizer step is skipped (%d in a row, %d in "
+                       "this run). Cuts in this rank's batch: %s", trainer.global_step, self.consecutive, self.total,
+                       shown or "(no ids)")  # fmt: skip
+        if self.consecutive >= self.max_consecutive:
+            path = save_resume_checkpoint(trainer, f"nonfinite-step={trainer.global_step}.ckpt")
+            raise NonFiniteLossError(
+                f"{self.consecutive} consecutive steps had a non-finite loss or gradients (the last at step "
+                f"{trainer.global_step}; cuts in this rank's batch: {shown or '(no ids)'}). The last good state is "
+                f"saved in {path}. Check those cuts, lower the learning rate or raise gradient clipping, then "
+                "resume from it; trainer.strategy.max_consecutive_nonfinite_steps sets the patience."
+            )
+        return False
+
+    def state_dict(self) -> dict[str, int]:
+        return {"consecutive": self.consecutive, "total": self.total}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.consecutive, self.total = int(state.get("consecutive", 0)), int(state.get("total", 0))
