@@ -6,7 +6,8 @@
   :data:`PREEMPTED_EXIT_CODE` on global rank 0 (75, ``EX_TEMPFAIL``: "try again"), which a job script turns into a
   requeue. Started again with ``exp_manager.resume_if_exists=true``, the run continues from that checkpoint.
 * :class:`NonFiniteGuard` (owned by ``MegatronStrategy``): a step whose loss or gradients are not finite on any
-  rank is skipped on every rank (no optimizer update), counted and logged with the cut IDs of the batch; after
+  rank is skipped on every rank (no optimizer update, batch-norm statistics restored), counted and logged with
+  the cut IDs of the batch; after
   ``max_consecutive`` such steps in a row the last good state is checkpointed and :class:`NonFiniteLossError`
   stops the run. Under fp16 the loss scaler owns overflowing gradients; only a non-finite loss counts there.
 """
@@ -128,6 +129,15 @@ class NonFiniteGuard:
         self.max_consecutive = max_consecutive
         self.consecutive = 0
         self.total = 0
+        self._norm_stats: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    def before_step(self, module: torch.nn.Module) -> None:
+        """Remember the batch-norm running statistics: a skipped step's forward pass (NaN activations) would
+        otherwise poison them, and every later evaluation with them."""
+        if self.max_consecutive == 0:
+            return
+        norms = [m for m in module.modules() if isinstance(m, torch.nn.modules.batchnorm._NormBase)]
+        self._norm_stats = [(b, b.detach().clone()) for m in norms for b in m.buffers(recurse=False)]
 
     @staticmethod
     def _finite(loss: torch.Tensor, parameters: list[torch.nn.Parameter], check_grads: bool) -> bool:
@@ -152,6 +162,9 @@ class NonFiniteGuard:
         self.consecutive += 1
         self.total += 1
         module.zero_grad(set_to_none=True)
+        with torch.no_grad():
+            for buffer, saved in self._norm_stats:
+                buffer.copy_(saved)
         ids = list(batch.get("ids", [])) if isinstance(batch, dict) else []
         shown = ", ".join(map(str, ids[:20])) + (f" ... ({len(ids)} in all)" if len(ids) > 20 else "")
         logger.warning("Step %d: non-finite loss or gradients; the optimizer step is skipped (%d in a row, %d in "

@@ -164,6 +164,7 @@ class MegatronStrategy(DDPStrategy):
     def training_step(self, *args: Any, **kwargs: Any) -> torch.Tensor:
         batch = args[0] if args else kwargs["batch"]
         self.lightning_module.zero_grad(set_to_none=True)
+        self.nonfinite_guard.before_step(self.lightning_module)
         with self.precision_plugin.train_step_context():
             loss = self.megatron_parallel.run(batch, forward_only=False)
         # Under fp16 the loss scaler handles overflowing gradients; the guard then looks at the loss only.

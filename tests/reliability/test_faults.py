@@ -86,6 +86,42 @@ def test_consecutive_nan_steps_stop_the_run_with_the_last_good_state_saved(tmp_p
     record.survive(steps_lost=3)
 
 
+class _NanAudio(BaseCallback):
+    """Puts NaN into the first utterance's audio at one step: NaN activations, loss and gradients."""
+
+    def __init__(self, step: int) -> None:
+        self.step, self.stats = step, {}
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        if trainer.global_step == self.step:
+            batch["audio"][0, :1000] = float("nan")
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        norms = [m for m in pl_module.modules() if isinstance(m, torch.nn.modules.batchnorm._NormBase)]
+        self.stats[trainer.global_step] = all(torch.isfinite(m.running_mean).all() for m in norms) and norms != []
+
+
+def test_nan_audio_skips_the_step_without_poisoning_batch_norm_statistics(tmp_path, dtmf_manifest, fault):
+    record = fault("NaN in a batch's audio")
+    nan = _with(_NanAudio(step=3))
+    example_main()(example_job(tmp_path, dtmf_manifest, "trainer.max_epochs=1", "model.decoding.strategy=greedy"))
+    assert all(nan.stats.values()) and len(nan.stats) == 10
+    assert all(torch.isfinite(w).all() for w in final_weights(tmp_path).values())
+    record.survive(steps_lost=1)
+
+
+def test_an_archive_with_a_path_traversal_member_is_refused(tmp_path, fault):
+    record = fault("archive with a ../ member")
+    info = tarfile.TarInfo("../../escape.txt")
+    info.size = 3
+    with tarfile.open(tmp_path / "evil.stm", "w") as tar:
+        tar.addfile(info, io.BytesIO(b"bad"))
+    with pytest.raises(ArchiveError, match="unsafe path '../../escape.txt'"):
+        read_archive(tmp_path / "evil.stm")
+    assert not (tmp_path.parent.parent / "escape.txt").exists()
+    record.survive(steps_lost=0)
+
+
 class _Signal(BaseCallback):
     def __init__(self, step: int, signum: int) -> None:
         self.step, self.signum = step, signum
