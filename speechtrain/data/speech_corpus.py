@@ -117,7 +117,7 @@ class _Espeak:
     """eSpeak NG through ctypes, synthesising into memory (one per process: the library is not thread-safe)."""
 
     _CALLBACK = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_short), ctypes.c_int, ctypes.c_void_p)
-    _SYNCHRONOUS, _RATE, _PITCH, _UTF8 = 0x02, 1, 3, 1
+    _SYNCHRONOUS, _RATE, _PITCH, _UTF8, _IPA = 0x02, 1, 3, 1, 0x02
 
     def __init__(self) -> None:
         import espeakng_loader
@@ -149,6 +149,22 @@ class _Espeak:
         if status != 0 or not self._chunks:
             raise RuntimeError(f"eSpeak NG could not read {text!r} with voice {voice!r} (status {status}).")
         return np.concatenate(self._chunks)
+
+    def phonemes(self, text: str, voice: str) -> str:
+        """IPA phonemes of ``text`` as eSpeak NG would read it with ``voice`` (words separated by spaces,
+        clauses by " | ")."""
+        if self.lib.espeak_SetVoiceByName(voice.encode()) != 0:
+            raise ValueError(f"eSpeak NG has no voice {voice!r}.")
+        self.lib.espeak_TextToPhonemes.restype = ctypes.c_char_p
+        self.lib.espeak_TextToPhonemes.argtypes = [ctypes.POINTER(ctypes.c_char_p), ctypes.c_int, ctypes.c_int]
+        buffer = ctypes.c_char_p(text.encode())
+        pointer = ctypes.pointer(buffer)
+        clauses = []
+        while pointer.contents.value:  # the library advances the pointer clause by clause, to NULL at the end
+            result = self.lib.espeak_TextToPhonemes(pointer, self._UTF8, self._IPA)
+            if result:
+                clauses.append(result.decode().strip())
+        return " | ".join(c for c in clauses if c)
 
 
 _worker: dict[str, object] = {}
