@@ -1,6 +1,6 @@
 """Train a speech recogniser (Conformer / FastConformer CTC with a BPE tokenizer).
 
-python examples/asr_train.py                                   # built-in eSpeak corpus, CPU demo (25 min)
+python examples/asr_train.py                                   # built-in eSpeak corpus, CPU demo (23 min of training)
 python examples/asr_train.py trainer.devices=2                 # two data-parallel processes
 python examples/asr_train.py trainer.strategy.tensor_model_parallel_size=2 trainer.devices=2
 python examples/asr_train.py model.size=small model.encoder.subsampling=dw_striding model.encoder.subsampling_factor=8
