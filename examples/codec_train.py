@@ -10,13 +10,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import torch
-
 from speechtrain.core.hydra_runner import hydra_runner
 from speechtrain.core.model import SpeechModel
-from speechtrain.data.manifest import read_nemo_manifest
-from speechtrain.data.synthetic import resolve_manifest
-from speechtrain.tts.codec import MelRVQCodec, MelRVQCodecConfig, load_audio, round_trip_report
+from speechtrain.tts.codec import MelRVQCodecConfig, fit_codec, manifest_rows, round_trip_report
 
 logger = logging.getLogger("codec_train")
 
@@ -35,32 +31,21 @@ class CodecTrainJob:
     codec: MelRVQCodecConfig = field(default_factory=MelRVQCodecConfig)
 
 
-def _rows(manifest: str, count: int) -> list[dict]:
-    rows = read_nemo_manifest(resolve_manifest(manifest))
-    step = max(1, len(rows) // max(count, 1))
-    return rows[::step][:count]  # spread over the corpus (voices, lengths), same for every run
-
-
 @hydra_runner(config_path="conf", config_name="codec_train", schema=CodecTrainJob)
 def main(cfg):
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     start = time.perf_counter()
-    codec = MelRVQCodec(cfg.codec)
-    mels = []
-    for row in _rows(cfg.train_manifest, cfg.max_utterances):
-        audio = load_audio(row["audio_filepath"], codec.sample_rate)
-        log_mel, frames = codec.log_mel(audio[None], torch.tensor([audio.numel()]))
-        mels.append(log_mel[0, :, : int(frames[0])])
-    errors = codec.fit(mels)
-    logger.info("Fitted %d x %d codebooks on %d utterances (%d frames) in %.0f s; log-mel MSE after each: %s",
-                codec.num_codebooks, codec.codebook_size, len(mels), sum(m.shape[1] for m in mels),
-                time.perf_counter() - start, ", ".join(f"{v:.3f}" for v in errors.values()))  # fmt: skip
+    rows = manifest_rows(cfg.train_manifest, cfg.max_utterances)  # spread over the corpus, same for every run
+    codec, errors = fit_codec(cfg.codec, rows)
+    logger.info("Fitted %d x %d codebooks on %d utterances in %.0f s; log-mel MSE after each: %s",
+                codec.num_codebooks, codec.codebook_size, len(rows), time.perf_counter() - start,
+                ", ".join(f"{v:.3f}" for v in errors.values()))  # fmt: skip
     output = Path(cfg.output or f"speechtrain_experiments/{cfg.name}/{cfg.name}.stm")
     codec.save_to(output)
     report = {"fit_seconds": round(time.perf_counter() - start, 1), **errors}
     if cfg.eval_manifest and cfg.eval_utterances > 0:
         asr = SpeechModel.restore_from(cfg.asr_model).eval() if cfg.asr_model else None
-        report.update(round_trip_report(codec, _rows(cfg.eval_manifest, cfg.eval_utterances), asr))
+        report.update(round_trip_report(codec, manifest_rows(cfg.eval_manifest, cfg.eval_utterances), asr))
     print(json.dumps({"archive": str(output), **report}, indent=1))
     return codec
 

@@ -25,12 +25,15 @@ class InitFromConfig:
     exclude: list[str] | None = None
 
 
-def train_job_schema(model_config: type, name: str = "default", model_overrides_of: type | None = None) -> type:
+def train_job_schema(
+    model_config: type, name: str = "default", model_overrides_of: type | None = None, extras: type | None = None
+) -> type:
     """A dataclass for a whole training job whose ``model`` node is ``model_config``.
 
     The ``trainer`` node is free-form but its keys are checked against ``lightning.Trainer``'s arguments. With
     ``model_overrides_of`` (and a free-form ``model_config`` such as ``dict[str, Any]``), the ``model`` node is a
     partial config of that dataclass: its keys are checked, no defaults are added (fine-tuning overrides).
+    ``extras``: a dataclass whose fields become further top-level keys of the job.
     """
     model_meta = {"overrides_of": model_overrides_of} if model_overrides_of is not None else {}
     return dataclasses.make_dataclass(
@@ -42,5 +45,6 @@ def train_job_schema(model_config: type, name: str = "default", model_overrides_
             ("exp_manager", ExpManagerConfig, field(default_factory=ExpManagerConfig)),
             ("init_from", InitFromConfig, field(default_factory=InitFromConfig)),
             ("model", model_config, field(default_factory=model_config, metadata=model_meta)),
+            *[(f.name, f.type, f) for f in (dataclasses.fields(extras) if extras is not None else ())],
         ],
     )

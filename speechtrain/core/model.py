@@ -207,9 +207,15 @@ class SpeechModel(pl.LightningModule):
         trainer = self._trainer
         if trainer is not None and not trainer.is_global_zero:
             return path
-        config = {TARGET_KEY: f"{type(self).__module__}.{type(self).__qualname__}", **to_plain(self.cfg)}
+        target, model_config = self.archive_identity()
+        config = {TARGET_KEY: target, **model_config}
         trainer_config = trainer.to_config() if isinstance(trainer, Trainer) else None
         return write_archive(path, config, state_dict, self._artifacts, trainer_config)
+
+    def archive_identity(self) -> tuple[str, dict[str, Any]]:
+        """The class name and config an archive of this model records (a subclass may save itself as another
+        model, e.g. a distillation student as a plain TTS model)."""
+        return f"{type(self).__module__}.{type(self).__qualname__}", to_plain(self.cfg)
 
     @classmethod
     def restore_from(

@@ -46,6 +46,11 @@ _NOT_HUMAN = {
 }  # fmt: skip
 RATE_WPM = (135, 195)
 PITCH = (30, 75)
+# The single-voice corpus of the TTS models (``builtin:espeak-tts``): one voice, one speaking rate, one pitch, so a
+# model learns to speak rather than to choose among voices. The voice is one that the ASR demo model trains on.
+TTS_VOICE = "en-us+m1"
+TTS_RATE_WPM = 165
+TTS_PITCH = 50
 
 
 @dataclass(frozen=True)
@@ -79,11 +84,12 @@ def split_voices(seed: int) -> dict[str, list[str]]:
     return {"train": seen, "dev": seen, "test": unseen}
 
 
-def plan(hours: float, seed: int = 0, utterances: int | None = None) -> list[Utterance]:
+def plan(hours: float, seed: int = 0, utterances: int | None = None, voice: str | None = None) -> list[Utterance]:
     """The utterances of a corpus of about ``hours`` of speech (estimated from words and speaking rate), or of
-    exactly ``utterances`` utterances when that is given."""
+    exactly ``utterances`` utterances when that is given. With ``voice``, every utterance of every split is read by
+    that voice at ``TTS_RATE_WPM`` and ``TTS_PITCH`` (a single-speaker corpus)."""
     rng = random.Random(seed)
-    voices = split_voices(seed)
+    voices = split_voices(seed) if voice is None else dict.fromkeys(SPLITS, [voice])
     generator = SentenceGenerator(seed)
     planned: list[Utterance] = []
     seconds = 0.0
@@ -95,7 +101,8 @@ def plan(hours: float, seed: int = 0, utterances: int | None = None) -> list[Utt
     while not done():
         for text in generator.sentences(1000):
             split = split_of(text, SPLITS, seed)
-            rate = rng.randint(*RATE_WPM)
+            rate = rng.randint(*RATE_WPM) if voice is None else TTS_RATE_WPM
+            pitch = rng.randint(*PITCH) if voice is None else TTS_PITCH
             planned.append(
                 Utterance(
                     id=f"{CORPUS_NAME}-{split}-{counts[split]:06d}",
@@ -103,7 +110,7 @@ def plan(hours: float, seed: int = 0, utterances: int | None = None) -> list[Utt
                     text=text,
                     voice=rng.choice(voices[split]),
                     rate=rate,
-                    pitch=rng.randint(*PITCH),
+                    pitch=pitch,
                 )
             )
             counts[split] += 1
@@ -225,11 +232,12 @@ def _write_manifests(folder: Path, utterances: list[Utterance], samples: dict[st
     cuts.to_file(folder / "cuts.jsonl.gz")
 
 
-def default_root(hours: float, seed: int) -> Path:
-    """``<datasets cache>/espeak-en-v<version>/<hours>h-seed<seed>``."""
+def default_root(hours: float, seed: int, voice: str | None = None) -> Path:
+    """``<datasets cache>/espeak-en-v<version>/<hours>h-seed<seed>[-<voice>]``."""
     from speechtrain.data.synthetic import default_datasets_cache
 
-    return default_datasets_cache() / f"{CORPUS_NAME}-v{CORPUS_VERSION}" / f"{hours:g}h-seed{seed}"
+    suffix = "" if voice is None else "-" + "".join(c if c.isalnum() else "_" for c in voice)
+    return default_datasets_cache() / f"{CORPUS_NAME}-v{CORPUS_VERSION}" / f"{hours:g}h-seed{seed}{suffix}"
 
 
 def build_corpus(
@@ -238,6 +246,7 @@ def build_corpus(
     seed: int = 0,
     workers: int = 2,
     utterances: int | None = None,
+    voice: str | None = None,
 ) -> dict:
     """Build (or reuse) the corpus; returns its ``corpus.json`` record (paths of each split's manifests).
 
@@ -247,16 +256,19 @@ def build_corpus(
         seed: corpus seed.
         workers: synthesis processes.
         utterances: an exact utterance count instead of ``hours``.
+        voice: one voice for every utterance (see :func:`plan`), e.g. ``TTS_VOICE``.
     """
-    root = Path(out) if out is not None else default_root(hours, seed)
+    root = Path(out) if out is not None else default_root(hours, seed, voice)
     params = {"name": CORPUS_NAME, "version": CORPUS_VERSION, "hours": hours, "seed": seed, "utterances": utterances}
+    if voice is not None:
+        params["voice"] = voice
     marker = root / "corpus.json"
     if marker.is_file():
         record = json.loads(marker.read_text())
         if record.get("params") == params:
             return record
     start = time.perf_counter()
-    planned = plan(hours, seed, utterances)
+    planned = plan(hours, seed, utterances, voice)
     for split in SPLITS:
         shutil.rmtree(root / split, ignore_errors=True)
         (root / split / "audio").mkdir(parents=True)
@@ -290,6 +302,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--utterances", type=int, help="an exact number of utterances instead of --hours")
+    parser.add_argument("--voice", help=f"one voice for all utterances (a TTS corpus), e.g. {TTS_VOICE}")
     args = parser.parse_args(argv)
-    record = build_corpus(args.out, args.hours, args.seed, args.workers, args.utterances)
+    record = build_corpus(args.out, args.hours, args.seed, args.workers, args.utterances, args.voice)
     print(json.dumps(record, indent=2))

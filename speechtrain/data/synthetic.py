@@ -260,6 +260,7 @@ def prepare_dtmf_corpus(
 
 BUILTIN_PREFIX = f"builtin:{CORPUS_NAME}/"
 ESPEAK_DEFAULT_HOURS = 20.0  # the demo corpus: 13.6 h of training speech, ~100 s to build on 2 cores
+ESPEAK_TTS_DEFAULT_HOURS = 6.0  # the single-voice TTS corpus
 
 
 def resolve_manifest(manifest_filepath: str | os.PathLike) -> Path:
@@ -267,7 +268,9 @@ def resolve_manifest(manifest_filepath: str | os.PathLike) -> Path:
 
     - ``builtin:dtmf/<train|val>``: the DTMF-digit corpus;
     - ``builtin:espeak/<train|dev|test>``: the eSpeak NG speech corpus (20 h planned, seed 0);
-      ``builtin:espeak-<H>h/<split>`` or ``builtin:espeak-<H>h-seed<S>/<split>`` for another size or seed.
+      ``builtin:espeak-<H>h/<split>`` or ``builtin:espeak-<H>h-seed<S>/<split>`` for another size or seed;
+    - ``builtin:espeak-tts/<split>``: the same sentences read by one voice at one rate and pitch (6 h), for TTS;
+      ``builtin:espeak-tts-<H>h[-seed<S>]/<split>`` for another size or seed.
     """
     name = str(manifest_filepath)
     if not name.startswith("builtin:"):
@@ -276,14 +279,21 @@ def resolve_manifest(manifest_filepath: str | os.PathLike) -> Path:
     if corpus == CORPUS_NAME and split in DEFAULT_SPLITS:
         return prepare_dtmf_corpus()[split]
     if corpus.startswith("espeak"):
-        from speechtrain.data.speech_corpus import SPLITS, build_corpus
+        from speechtrain.data.speech_corpus import SPLITS, TTS_VOICE, build_corpus
 
+        single_voice = corpus == "espeak-tts" or corpus.startswith("espeak-tts-")
+        if single_voice:
+            corpus = "espeak" + corpus[len("espeak-tts") :]
         hours, seed = _espeak_params(corpus)
+        if single_voice and corpus == "espeak":
+            hours = ESPEAK_TTS_DEFAULT_HOURS
         if hours is not None and split in SPLITS:
-            return Path(build_corpus(hours=hours, seed=seed)["splits"][split]["manifest"])
+            record = build_corpus(hours=hours, seed=seed, voice=TTS_VOICE if single_voice else None)
+            return Path(record["splits"][split]["manifest"])
     choices = [f"{BUILTIN_PREFIX}{s}" for s in DEFAULT_SPLITS] + [
         "builtin:espeak/train|dev|test",
         "builtin:espeak-<H>h[-seed<S>]/train|dev|test",
+        "builtin:espeak-tts[-<H>h][-seed<S>]/train|dev|test",
     ]
     raise ValueError(f"Unknown built-in corpus {name!r}; choose one of: {', '.join(choices)}.")
 

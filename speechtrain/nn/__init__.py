@@ -6,10 +6,18 @@ same initial weights from the same seed, so a TP=2 model is the TP=1 model cut i
 """
 
 from speechtrain.nn.parallel import ColumnParallelLinear, RowParallelLinear
-from speechtrain.nn.transformer import FeedForward, MultiHeadAttention, TransformerBlock
+from speechtrain.nn.transformer import (
+    CrossAttention,
+    DecoderBlock,
+    FeedForward,
+    MultiHeadAttention,
+    TransformerBlock,
+)
 
 __all__ = [
     "ColumnParallelLinear",
+    "CrossAttention",
+    "DecoderBlock",
     "FeedForward",
     "MultiHeadAttention",
     "RowParallelLinear",

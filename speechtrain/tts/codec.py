@@ -12,7 +12,9 @@ Shapes: ``codes`` are ``(B, K, F)`` int64 in ``[0, codebook_size)`` with ``F`` f
 """
 
 import logging
+import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -219,11 +221,14 @@ class MelRVQCodec(SpeechModel, AudioCodec):
         """Mel -> linear magnitude by non-negative least squares (torchaudio's solver), built once."""
         if getattr(self, "_inverse", None) is None:
             cfg = self.cfg
-            self._inverse = torchaudio.transforms.InverseMelScale(
+            # Kept outside the module tree (object.__setattr__): a lazily added submodule would change state_dict.
+            inverse = torchaudio.transforms.InverseMelScale(
                 n_stft=cfg.n_fft // 2 + 1, n_mels=cfg.n_mels, sample_rate=cfg.sample_rate, f_min=cfg.f_min,
                 f_max=cfg.f_max, driver="gelsd",
             )  # fmt: skip
-        return self._inverse.to(self.codebooks.device)
+            object.__setattr__(self, "_inverse", inverse)
+        self._inverse.to(self.codebooks.device)
+        return self._inverse
 
 
 def mel_distance(reference: torch.Tensor, other: torch.Tensor, lengths: torch.Tensor) -> float:
@@ -245,6 +250,59 @@ def load_audio(path: str, sample_rate: int) -> torch.Tensor:
 
         audio = resample(audio, rate, sample_rate)
     return audio
+
+
+def manifest_rows(manifest: str, count: int) -> list[dict[str, Any]]:
+    """``count`` rows spread evenly over a manifest (``builtin:`` names resolved): the same for every run."""
+    from speechtrain.data.manifest import read_nemo_manifest
+    from speechtrain.data.synthetic import resolve_manifest
+
+    rows = read_nemo_manifest(resolve_manifest(manifest))
+    step = max(1, len(rows) // max(count, 1))
+    return rows[::step][:count]
+
+
+def fit_codec(cfg: MelRVQCodecConfig | Any, rows: list[dict[str, Any]]) -> tuple[MelRVQCodec, dict[str, float]]:
+    """A codec fitted on the audio of manifest ``rows``, and its log-mel error after each codebook."""
+    codec = MelRVQCodec(cfg)
+    mels = []
+    for row in rows:
+        audio = load_audio(row["audio_filepath"], codec.sample_rate)
+        log_mel, frames = codec.log_mel(audio[None], torch.tensor([audio.numel()]))
+        mels.append(log_mel[0, :, : int(frames[0])])
+    return codec, codec.fit(mels)
+
+
+def ensure_codec(cfg: Any, manifest: str, max_utterances: int = 600) -> Path:
+    """The archive of a codec of config ``cfg`` fitted on ``max_utterances`` utterances of ``manifest``: fitted
+    once (about a minute) and cached under the datasets cache (``codecs/``); the file is replaced atomically."""
+    import dataclasses
+    import hashlib
+    import json
+    import os
+    import tempfile
+
+    from omegaconf import OmegaConf
+
+    from speechtrain.data.synthetic import resolve_manifest
+    from speechtrain.lightning import settings
+
+    plain = OmegaConf.to_container(cfg) if OmegaConf.is_config(cfg) else dataclasses.asdict(cfg)
+    source = Path(resolve_manifest(manifest)).resolve()
+    key = hashlib.sha256(json.dumps([str(source), source.stat().st_size, max_utterances, plain],
+                                    sort_keys=True).encode()).hexdigest()[:12]  # fmt: skip
+    path = settings.SPEECHTRAIN_DATASETS_CACHE / "codecs" / f"melrvq-{key}" / "codec.stm"
+    if not path.is_file():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        start = time.perf_counter()
+        codec, errors = fit_codec(cfg, manifest_rows(manifest, max_utterances))
+        with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
+            codec.save_to(Path(tmp) / "codec.stm")
+            os.replace(Path(tmp) / "codec.stm", path)
+        logger.info("Fitted a %d x %d mel-RVQ codec on %d utterances of %s in %.0f s (log-mel MSE %.3f): %s",
+                    codec.num_codebooks, codec.codebook_size, max_utterances, manifest, time.perf_counter() - start,
+                    list(errors.values())[-1], path)  # fmt: skip
+    return path
 
 
 def round_trip_report(codec: MelRVQCodec, rows: list[dict[str, Any]], asr: Any = None) -> dict[str, float]:
