@@ -41,7 +41,10 @@ class TTSExtras:
     eval_utterances: int = 50
 
 
-@hydra_runner(config_path="conf", config_name="tts_train", schema=train_job_schema(TTSConfig, "tts", extras=TTSExtras))
+SCHEMA = train_job_schema(TTSConfig, "tts", extras=TTSExtras)
+
+
+@hydra_runner(config_path="conf", config_name="tts_train", schema=SCHEMA)
 def main(cfg):
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     start = time.perf_counter()

@@ -75,6 +75,8 @@ class AlignmentPriorConfig:
 
     Attributes:
         scaling: concentration of the beta-binomial prior (1.0: RAD-TTS's; larger is sharper).
+        alignment_loss_weight: weight of the forward-sum (CTC) alignment loss on every decoder layer's
+            head-averaged cross-attention, which teaches monotonic alignment to the attention itself (0: off).
         scaledown_start_step, end_step: full strength until the first step, faded linearly to off at the second.
         floor: smallest prior probability (its log bounds the logit bias).
         inference_window: at synthesis, each step may attend only to text positions within
@@ -86,6 +88,7 @@ class AlignmentPriorConfig:
     """
 
     scaling: float = 1.0
+    alignment_loss_weight: float = 0.1
     scaledown_start_step: int = 1000
     end_step: int = 2000
     floor: float = 1e-8
@@ -97,12 +100,14 @@ class AlignmentPriorConfig:
 @dataclass
 class InferenceConfig:
     """Defaults of :meth:`TTSModel.synthesize`: ``guidance_scale`` (1: no CFG), ``temperature`` (0: greedy),
-    ``top_k``, and ``max_seconds`` of audio per utterance."""
+    ``top_k``, and the length limits: ``max_seconds`` of audio, and ``max_frames_per_token`` codec frames per text
+    symbol (a model that fails to stop ends there instead of babbling on to ``max_seconds``)."""
 
     guidance_scale: float = 2.5
     temperature: float = 0.6
     top_k: int = 80
     max_seconds: float = 20.0
+    max_frames_per_token: int = 12
 
 
 @dataclass
@@ -180,6 +185,21 @@ def beta_binomial_log_prior(
     log_prior = log_choose + log_beta(k + a, count - k + b) - log_beta(a, b)
     valid = (t < step_lens[:, None, None]) & (n < text_lens[:, None, None])
     return torch.where(valid, log_prior, torch.zeros((), dtype=torch.float64, device=device)).float()
+
+
+def alignment_loss(weights: torch.Tensor, text_lens: torch.Tensor, step_lens: torch.Tensor,
+                   blank_log_prob: float = -1.0) -> torch.Tensor:  # fmt: skip
+    """RAD-TTS's forward-sum loss: the negative log-likelihood, under the (B, T, N) attention ``weights``, of
+    visiting text positions 1..N in order (each for one or more decoder steps), by CTC with a constant-score blank;
+    per utterance divided by its text length, averaged over the batch (an impossible alignment counts 0)."""
+    log_probs = torch.log(weights.float().clamp(min=1e-8))
+    positions = torch.arange(log_probs.shape[-1], device=log_probs.device)
+    # Padded positions get a large negative score, not -inf: CTC's gradient is NaN at -inf inputs.
+    log_probs = log_probs.masked_fill(positions[None, None, :] >= text_lens[:, None, None], -1e4)
+    log_probs = F.pad(log_probs, (1, 0), value=blank_log_prob).log_softmax(dim=-1)  # (B, T, 1 + N), blank first
+    targets = (positions + 1)[None, :].expand(log_probs.shape[0], -1)
+    return F.ctc_loss(log_probs.transpose(0, 1), targets, step_lens, text_lens, blank=0, reduction="mean",
+                      zero_infinity=True)  # fmt: skip
 
 
 class TTSModel(SpeechModel):
@@ -382,21 +402,34 @@ class TTSModel(SpeechModel):
         if any(t is not None for t in tensors):
             raise ValueError(f"{type(self).__name__} has a single pipeline stage: use pipeline_model_parallel_size=1.")
 
-    def forward_step(self, batch: dict[str, Any]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """Logits and targets; during training a ``condition_dropout`` fraction of utterances has no text, and the
-        alignment prior is applied at the current step's strength."""
+    def forward_step(self, batch: dict[str, Any]) -> tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor]:
+        """Logits, targets and the alignment loss (0 outside training); during training a ``condition_dropout``
+        fraction of utterances has no text (and no alignment loss), and the alignment prior is applied at the
+        current step's strength."""
         dropped = None
         strength = 0.0
+        weight = self.cfg.prior.alignment_loss_weight
         if self.training:
             dropped = condition_dropout_mask(len(batch["ids"]), self.cfg.condition_dropout,
                                              device=batch["text_tokens"].device)  # fmt: skip
             strength = self.prior_strength(self.global_step if self._trainer is not None else 0)
-        logits, tf, _ = self.teacher_forced_logits(batch, dropped, strength)
-        return logits, tf
+        need = self.training and weight > 0
+        logits, tf, weights = self.teacher_forced_logits(batch, dropped, strength, need_weights=need)
+        align = torch.zeros((), device=logits.device)
+        keep = ~dropped if dropped is not None else None
+        if need and bool(keep.any()):
+            lens = batch["text_lens"][keep]
+            align = sum(alignment_loss(w[keep], lens, tf["step_lens"][keep]) for w in weights) / len(weights)
+        return logits, tf, align
 
     def loss_step(self, batch: dict[str, Any], output: tuple) -> tuple[torch.Tensor, torch.Tensor]:
-        """(loss sum, count) over valid (frame, codebook) slots: the ratio is the mean cross-entropy."""
-        return self.code_losses(*output)
+        """(loss sum, count) over valid (frame, codebook) slots: the ratio is the mean cross-entropy, plus the
+        weighted alignment loss."""
+        logits, tf, align = output
+        loss_sum, count = self.code_losses(logits, tf)
+        if self.training:
+            self._last_alignment_loss = align.detach()
+        return loss_sum + self.cfg.prior.alignment_loss_weight * align * count, count
 
     def training_step(self, batch: dict[str, Any] | None, batch_idx: int) -> torch.Tensor | None:
         if is_empty_batch(batch):
@@ -404,6 +437,8 @@ class TTSModel(SpeechModel):
         loss_sum, count = self.loss_step(batch, self.forward_step(batch))
         loss = loss_sum / count.clamp(min=1)
         self.log("train_loss", loss, prog_bar=True, batch_size=len(batch["ids"]))
+        if getattr(self, "_last_alignment_loss", None) is not None:
+            self.log("train_alignment_loss", self._last_alignment_loss, batch_size=len(batch["ids"]))
         return loss
 
     # ---------------------------------------------------------------------------------------------- validation
@@ -544,7 +579,8 @@ class TTSModel(SpeechModel):
 
         ``guidance_scale`` != 1 runs the conditional and unconditional passes as one batch of 2B and combines their
         logits; each utterance stops at EOS (sampled in the first codebook, and not before its attention is within
-        ``prior.eos_margin`` tokens of the text's end) or at ``max_seconds``.
+        ``prior.eos_margin`` tokens of the text's end) or at its length limit (``max_seconds``,
+        ``max_frames_per_token``).
 
         Returns:
             ``codes`` (B, K, F), ``frame_lens`` (B,), ``attention`` (B, steps, N) cross-attention of the
@@ -571,6 +607,7 @@ class TTSModel(SpeechModel):
         memory, pad = self.encode_text(tokens, lens)
         stacking, k = self.cfg.frame_stacking, self.num_codebooks
         max_steps = max(1, int(max_seconds * self.codec.frame_rate) // stacking + 1)
+        step_limits = (lens[:batch] * inference.max_frames_per_token // stacking + 1).clamp(max=max_steps)
         caches = [{} for _ in self.decoder] if use_cache else None
         inputs = torch.full((memory.shape[0], 1, stacking * k), self.bos, dtype=torch.long, device=self.device)
         history = inputs
@@ -612,6 +649,8 @@ class TTSModel(SpeechModel):
             for s in range(stacking):
                 ended = (codes[:, s, 0] == self.eos) & (frame_lens < 0)
                 frame_lens = torch.where(ended, torch.full_like(frame_lens, step * stacking + s), frame_lens)
+            too_long = (frame_lens < 0) & (step + 1 >= step_limits)
+            frame_lens = torch.where(too_long, torch.full_like(frame_lens, (step + 1) * stacking), frame_lens)
             if bool((frame_lens >= 0).all()):
                 break
             feed = codes.masked_fill(codes == self.eos, self.bos).flatten(1)[:, None]  # (B, 1, S*K)

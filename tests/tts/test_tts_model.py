@@ -11,7 +11,7 @@ from speechtrain.core.archive import read_archive
 from speechtrain.core.model import SpeechModel
 from speechtrain.tts.distill import CFGDistillationModel
 from speechtrain.tts.guidance import cfg_distillation_loss
-from speechtrain.tts.model import TTSModel, beta_binomial_log_prior
+from speechtrain.tts.model import TTSModel, alignment_loss, beta_binomial_log_prior
 
 JOB = Path(__file__).with_name("tts_tp_job.py")
 VOCAB = list(" abcdefghijklmnopqrstuvwxyz'")
@@ -83,6 +83,31 @@ def test_beta_binomial_prior_against_its_formula():
     assert torch.all(means[1:] > means[:-1])  # the expected text position moves forward along the utterance
 
 
+def test_alignment_loss_prefers_monotonic_attention():
+    steps, tokens = 8, 4
+    diagonal = torch.zeros(1, steps, tokens)
+    diagonal[0, torch.arange(steps), torch.arange(steps) * tokens // steps] = 1.0  # 2 steps per token, in order
+    reverse = diagonal.flip(-1)
+    lens, step_lens = torch.tensor([tokens]), torch.tensor([steps])
+    good, bad = alignment_loss(diagonal, lens, step_lens), alignment_loss(reverse, lens, step_lens)
+    uniform = alignment_loss(torch.full((1, steps, tokens), 1 / tokens), lens, step_lens)
+    assert good < uniform < bad
+    # Padding beyond the lengths does not matter.
+    padded = torch.nn.functional.pad(diagonal, (0, 2, 0, 3), value=0.3)
+    torch.testing.assert_close(alignment_loss(padded, lens, step_lens), good)
+    # Training adds it, weighted, to the code loss.
+    model = tiny_tts(condition_dropout=0.0, prior={"alignment_loss_weight": 0.5})
+    batch = tiny_batch(model)
+    model.train()
+    torch.manual_seed(0)
+    logits, tf, align = model.forward_step(batch)
+    loss_sum, count = model.loss_step(batch, (logits, tf, align))
+    code_sum, _ = model.code_losses(logits, tf)
+    assert align > 0 and torch.allclose(loss_sum / count, code_sum / count + 0.5 * align)
+    (loss_sum / count).backward()
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+
+
 def test_prior_fades_out_on_schedule():
     model = tiny_tts(prior={"scaledown_start_step": 10, "end_step": 20})
     assert [model.prior_strength(s) for s in (0, 10, 15, 20, 99)] == [1.0, 1.0, 0.5, 0.0, 0.0]
@@ -97,12 +122,13 @@ def test_training_loss_masks_padding_and_dropped_text_is_the_unconditional_model
     model = tiny_tts(condition_dropout=1.0)
     batch = tiny_batch(model)
     model.train()
-    logits, tf = model.forward_step(batch)  # every text dropped (probability 1)
+    logits, tf, align = model.forward_step(batch)  # every text dropped (probability 1): no alignment loss
+    assert align == 0
     model.eval()
     everyone = torch.ones(2, dtype=torch.bool)
     expected, _, _ = model.teacher_forced_logits(batch, dropped=everyone, prior_strength=model.prior_strength(0))
     torch.testing.assert_close(logits, expected)
-    loss_sum, count = model.loss_step(batch, (logits, tf))
+    loss_sum, count = model.loss_step(batch, (logits, tf, align))
     frames = model.codec.frame_lengths(batch["audio_lens"])
     assert count == (frames + 1).sum() * 2  # real frames + EOS, 2 codebooks each
     assert abs(loss_sum / count - math.log(18)) < 0.5  # near-uniform at initialisation
@@ -213,3 +239,72 @@ def test_tensor_parallel_tts_transformer_equals_single_process(tmp_path):
     for name, grad in a["grads"].items():
         assert (b["grads"][name] - grad).norm() <= 1e-4 * grad.norm() + 1e-6, name
     assert torch.equal(a["codes"], b["codes"])  # generation (CFG, sampling, monotonic window) agrees too
+
+
+def _example(name):
+    import importlib.util
+
+    script = Path(__file__).resolve().parents[2] / "examples" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, script)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+TINY_JOB = [
+    "trainer.max_time=null", "trainer.max_steps=6", "trainer.val_check_interval=3", "trainer.log_every_n_steps=1",
+    "trainer.enable_progress_bar=false", "trainer.enable_model_summary=false", "model.text.kind=chars",
+    "model.transformer.d_model=32", "model.transformer.encoder_layers=1", "model.transformer.decoder_layers=1",
+    "model.transformer.num_heads=2", "model.transformer.d_ff=64", "model.train_ds.batch_size=8",
+    "model.validation_ds.batch_size=8", "model.val_samples=1", "model.inference.max_seconds=0.5",
+    "codec_utterances=16", "model.codec.num_codebooks=2", "model.codec.codebook_size=8", "model.codec.n_mels=20",
+    "model.codec.griffin_lim_iterations=2", "model.prior.scaledown_start_step=2", "model.prior.end_step=4",
+]  # fmt: skip
+
+
+def test_tts_train_distill_and_synthesize_scripts_end_to_end(tmp_path, dtmf_manifest, capsys):
+    """The example scripts on the DTMF corpus (its digit transcripts read as characters): train, distil, synthesise
+    from the command line; TensorBoard gets audio and images; the student archive is a plain TTS model."""
+    from speechtrain.core.hydra_runner import compose_config
+    from speechtrain.tts.synthesize import main as synthesize_main
+
+    conf = Path(__file__).resolve().parents[2] / "examples" / "conf"
+    train = _example("tts_train")
+    data = [
+        f"model.train_ds.manifest_filepath={dtmf_manifest}",
+        f"model.validation_ds.manifest_filepath={dtmf_manifest}",
+    ]
+    job = compose_config(
+        conf, "tts_train", [*TINY_JOB, *data, f"exp_manager.exp_dir={tmp_path / 'exp'}"], train.SCHEMA
+    )
+    teacher = train.main(job)
+    (run,) = (tmp_path / "exp" / "tts_demo").iterdir()
+    archive = run / "tts_demo.stm"
+    assert archive.is_file() and teacher.global_step == 6
+    assert teacher.cfg.text.vocab == [" ", *"0123456789"]  # fitted on the transcripts
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(run), size_guidance={"audio": 0, "images": 0}).Reload()
+    assert "val_audio/0" in events.Tags()["audio"] and "val_attention/0" in events.Tags()["images"]
+
+    distill = _example("tts_cfg_distill")
+    job = compose_config(conf, "tts_cfg_distill", [
+        "trainer.max_time=null", "trainer.max_steps=3", "trainer.val_check_interval=3",
+        "trainer.enable_progress_bar=false", "trainer.enable_model_summary=false", f"exp_manager.exp_dir={tmp_path / 'exp'}",
+        f"model.distillation.teacher_path={archive}", "model.train_ds.batch_size=8", "model.validation_ds.batch_size=8",
+    ], distill.SCHEMA)  # fmt: skip
+    student = distill.main(job)
+    (student_run,) = (tmp_path / "exp" / "tts_cfg_distill").iterdir()
+    restored = SpeechModel.restore_from(student_run / "tts_cfg_distill.stm")
+    assert type(restored) is TTSModel and restored.cfg.inference.guidance_scale == 1.0
+    changed = [k for k, v in student.state_dict().items() if not torch.equal(v, teacher.state_dict()[k])]
+    assert changed and all(torch.equal(v, restored.state_dict()[k]) for k, v in student.state_dict().items())
+
+    out = tmp_path / "wavs"
+    synthesize_main([f"model_path={archive}", f"manifest={dtmf_manifest}", "max_utterances=3", f"out_dir={out}"])
+    assert len(list(out.glob("*.wav"))) == 3 and len((out / "synthesized.json").read_text().splitlines()) == 3
+    assert '"rtf"' in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="exactly one of text"):
+        synthesize_main([f"model_path={archive}"])
+    with pytest.raises(SystemExit, match="outside|not in|unknown"):
+        synthesize_main([f"model_path={archive}", "text=hello", f"out_dir={out}"])
