@@ -290,8 +290,9 @@ def test_tts_train_distill_and_synthesize_scripts_end_to_end(tmp_path, dtmf_mani
     distill = _example("tts_cfg_distill")
     job = compose_config(conf, "tts_cfg_distill", [
         "trainer.max_time=null", "trainer.max_steps=3", "trainer.val_check_interval=3",
-        "trainer.enable_progress_bar=false", "trainer.enable_model_summary=false", f"exp_manager.exp_dir={tmp_path / 'exp'}",
-        f"model.distillation.teacher_path={archive}", "model.train_ds.batch_size=8", "model.validation_ds.batch_size=8",
+        "trainer.enable_progress_bar=false", "trainer.enable_model_summary=false",
+        f"exp_manager.exp_dir={tmp_path / 'exp'}", f"model.distillation.teacher_path={archive}",
+        "model.train_ds.batch_size=8", "model.validation_ds.batch_size=8",
     ], distill.SCHEMA)  # fmt: skip
     student = distill.main(job)
     (student_run,) = (tmp_path / "exp" / "tts_cfg_distill").iterdir()
