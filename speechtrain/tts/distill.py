@@ -28,7 +28,7 @@ class DistillationConfig:
     of both distributions and the weights of the KL and cross-entropy terms."""
 
     teacher_path: str | None = None
-    guidance_scale: float = 2.5
+    guidance_scale: float = 1.5
     temperature: float = 1.0
     kl_weight: float = 1.0
     ce_weight: float = 0.1

@@ -103,7 +103,7 @@ class InferenceConfig:
     ``top_k``, and the length limits: ``max_seconds`` of audio, and ``max_frames_per_token`` codec frames per text
     symbol (a model that fails to stop ends there instead of babbling on to ``max_seconds``)."""
 
-    guidance_scale: float = 2.5
+    guidance_scale: float = 1.5
     temperature: float = 0.6
     top_k: int = 80
     max_seconds: float = 20.0
