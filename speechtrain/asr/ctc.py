@@ -365,25 +365,7 @@ class CTCModel(SpeechModel):
 
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
         """Shows training speed (audio-seconds per second, all data-parallel ranks) and the time left in the bar."""
-        now = time.perf_counter()
-        last, self._last_step_end = getattr(self, "_last_step_end", None), now
-        if last is None or is_empty_batch(batch):
-            return
-        audio = float(batch["audio_lens"].sum()) / self.cfg.sample_rate * parallel_state.data_parallel_world_size()
-        speed = audio / max(now - last, 1e-9)
-        self._speed = speed if getattr(self, "_speed", None) is None else 0.9 * self._speed + 0.1 * speed
-        self.log("audio_s_per_s", self._speed, prog_bar=True, batch_size=1)
-        eta = self._minutes_left(now - last)
-        if eta is not None:
-            self.log("eta_min", eta, prog_bar=True, batch_size=1)
-
-    def _minutes_left(self, step_seconds: float) -> float | None:
-        timer = self._max_time_timer()
-        if timer is not None:
-            return timer.time_remaining("train") / 60.0
-        if self.trainer.max_steps > 0:
-            return (self.trainer.max_steps - self.trainer.global_step) * step_seconds / 60.0
-        return None
+        self.log_training_speed(batch)
 
     def on_train_epoch_end(self) -> None:
         """Reports the utterances skipped during the epoch (batches carry their counts, loader workers' included)."""

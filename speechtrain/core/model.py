@@ -19,6 +19,7 @@ import importlib
 import logging
 import math
 import random
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -390,6 +391,34 @@ class SpeechModel(pl.LightningModule):
         # Counted at the start: checkpoints are written by callbacks at the end of a batch, before the module's
         # own on_train_batch_end runs, and that batch has been trained on by then.
         self._batches_done = batch_idx + 1
+
+    def log_training_speed(self, batch: Any) -> bool:
+        """Logs training speed (audio-seconds per second over all data-parallel ranks, smoothed; from the batch's
+        ``audio_lens`` at ``cfg.sample_rate``) and the minutes left to the progress bar. Call at the end of each
+        training batch; returns False when nothing was logged (the first batch, or an empty one)."""
+        from speechtrain.data.cut_datasets import is_empty_batch
+        from speechtrain.lightning import parallel_state
+
+        now = time.perf_counter()
+        last, self._last_step_end = getattr(self, "_last_step_end", None), now
+        if last is None or is_empty_batch(batch):
+            return False
+        seconds = float(batch["audio_lens"].sum()) / self.cfg.sample_rate if "audio_lens" in batch else 0.0
+        speed = seconds * parallel_state.data_parallel_world_size() / max(now - last, 1e-9)
+        self._speed = speed if getattr(self, "_speed", None) is None else 0.9 * self._speed + 0.1 * speed
+        self.log("audio_s_per_s", self._speed, prog_bar=True, batch_size=1)
+        eta = self._minutes_left(now - last)
+        if eta is not None:
+            self.log("eta_min", eta, prog_bar=True, batch_size=1)
+        return True
+
+    def _minutes_left(self, step_seconds: float) -> float | None:
+        timer = self._max_time_timer()
+        if timer is not None:
+            return timer.time_remaining("train") / 60.0
+        if self.trainer.max_steps > 0:
+            return (self.trainer.max_steps - self.trainer.global_step) * step_seconds / 60.0
+        return None
 
     def _max_time_timer(self) -> Any:
         """Lightning's ``Timer`` when the run is bounded by ``trainer.max_time`` and not by ``max_steps``: the

@@ -514,19 +514,9 @@ class TTSModel(SpeechModel):
         self._skips.add_batch(batch)
 
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
-        """Shows training speed (audio-seconds per second, all data-parallel ranks) and the time left."""
-        now = time.perf_counter()
-        last, self._last_step_end = getattr(self, "_last_step_end", None), now
-        if last is None or is_empty_batch(batch):
-            return
-        seconds = float(batch["audio_lens"].sum()) / self.cfg.sample_rate if "audio_lens" in batch else 0.0
-        speed = seconds * parallel_state.data_parallel_world_size() / max(now - last, 1e-9)
-        self._speed = speed if getattr(self, "_speed", None) is None else 0.9 * self._speed + 0.1 * speed
-        self.log("audio_s_per_s", self._speed, prog_bar=True, batch_size=1)
-        timer = self._max_time_timer()
-        if timer is not None:
-            self.log("eta_min", timer.time_remaining("train") / 60.0, prog_bar=True, batch_size=1)
-        self.log("prior_strength", self.prior_strength(self.global_step), batch_size=1)
+        """Shows training speed and the time left (:meth:`log_training_speed`), and the prior's strength."""
+        if self.log_training_speed(batch):
+            self.log("prior_strength", self.prior_strength(self.global_step), batch_size=1)
 
     def on_train_epoch_end(self) -> None:
         summary = self._skips.take_summary()
@@ -664,7 +654,7 @@ class TTSModel(SpeechModel):
         codes = torch.stack(outputs, dim=1).flatten(1, 2)  # (B, steps*S, K)
         codes = codes.masked_fill(codes >= self.codebook_size, 0).transpose(1, 2)  # specials -> any codeword
         return {"codes": codes[:, :, : int(frame_lens.max())], "frame_lens": frame_lens,
-                "attention": torch.stack(attention, dim=1), "steps": steps,
+                "attention": torch.stack(attention, dim=1), "text_lens": lens[:batch], "steps": steps,
                 "decoder_passes": 2 if guided else 1}  # fmt: skip
 
     @torch.inference_mode()
@@ -685,7 +675,7 @@ class TTSModel(SpeechModel):
         if not return_details:
             return waves
         mels = self.codec.dequantize(out["codes"])
-        _, lens = self.encode_texts(texts)
+        lens = out["text_lens"]
         return {"audio": waves, "seconds": seconds, "steps": out["steps"], "decoder_passes": out["decoder_passes"],
                 "log_mels": [mels[i, :, : int(out["frame_lens"][i])].cpu() for i in range(len(texts))],
                 "attention": [out["attention"][i, :, : int(lens[i])].cpu() for i in range(len(texts))]}  # fmt: skip
