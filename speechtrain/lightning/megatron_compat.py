@@ -5,7 +5,9 @@ Megatron Core assumes CUDA in a few places that a CPU run (tests, laptops, CI) r
 - the pipeline schedules, point-to-point communication and the tensor-parallel gather/scatter mappings create
   tensors with ``device="cuda"`` or ``torch.cuda.current_device()``, call ``torch.cuda.synchronize()`` and
   autocast for ``"cuda"``;
-- its model-parallel RNG tracker stores and swaps CUDA generator states.
+- its model-parallel RNG tracker stores and swaps CUDA generator states;
+- the GPT model's rotary embedding, attention buffers, default causal mask and inference KV cache allocate on
+  ``torch.cuda.current_device()`` or ``"cuda"``.
 
 When CUDA is absent, :func:`import_megatron` gives those modules a view of ``torch`` in which ``cuda`` means the
 CPU, and :func:`model_parallel_manual_seed` / :func:`model_parallel_rng` use a CPU tracker with Megatron's
@@ -28,6 +30,13 @@ _PATCHED_MODULES = (
     "megatron.core.pipeline_parallel.schedules",
     "megatron.core.pipeline_parallel.p2p_communication",
     "megatron.core.tensor_parallel.mappings",  # gather/scatter buffers (gather_output, sequence parallel)
+    # the GPT model (local layer spec): rotary tables, the attention matmul buffer, the default causal mask,
+    # the KV cache of static-batch inference
+    "megatron.core.utils",
+    "megatron.core.models.common.embeddings.rotary_pos_embedding",
+    "megatron.core.transformer.utils",
+    "megatron.core.transformer.attention",
+    "megatron.core.inference.contexts.static_context",
 )
 _state: dict[str, Any] = {"imported": False, "tracker": None}
 
@@ -77,6 +86,14 @@ class _CpuTorch(types.ModuleType):
     @staticmethod
     def empty(*args: Any, device: Any = None, **kwargs: Any) -> torch.Tensor:
         return torch.empty(*args, device=_cpu_device(device), **kwargs)
+
+    @staticmethod
+    def ones(*args: Any, device: Any = None, **kwargs: Any) -> torch.Tensor:
+        return torch.ones(*args, device=_cpu_device(device), **kwargs)
+
+    @staticmethod
+    def arange(*args: Any, device: Any = None, **kwargs: Any) -> torch.Tensor:
+        return torch.arange(*args, device=_cpu_device(device), **kwargs)
 
     @staticmethod
     def tensor(*args: Any, device: Any = None, **kwargs: Any) -> torch.Tensor:
@@ -176,6 +193,10 @@ def model_parallel_manual_seed(seed: int) -> None:
     tracker.add("data-parallel-rng", seed)
     tracker.add("model-parallel-rng", seed + 2718 + parallel_state.get_tensor_model_parallel_rank())
     _state["tracker"] = tracker
+    # Megatron's own layers (attention dropout) fork ``get_cuda_rng_tracker()``: hand them the CPU tracker.
+    random = importlib.import_module("megatron.core.tensor_parallel.random")
+    random._CUDA_RNG_STATE_TRACKER = tracker
+    random._CUDA_RNG_STATE_TRACKER_INITIALIZED = True
 
 
 def model_parallel_rng() -> contextlib.AbstractContextManager:

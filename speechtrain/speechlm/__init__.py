@@ -1,0 +1,1 @@
+"""SALM: a speech-augmented LLM (audio perception + modality adapter + a Megatron GPT backbone)."""

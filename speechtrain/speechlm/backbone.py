@@ -1,0 +1,190 @@
+"""The LLM backbone: Megatron Core's ``GPTModel`` configured like a Llama / Qwen2 decoder.
+
+RMSNorm, SwiGLU MLP, rotary positions, grouped-query attention, no linear biases except the optional QKV bias
+(Qwen2). The layer spec is Megatron's local one (plain PyTorch, runs on CPU); transformer-engine's spec is used
+when transformer-engine is importable and CUDA is present (``transformer_engine: auto``), or required with
+``transformer_engine: true``, which fails with a clear message when it is not installed.
+
+Megatron's model needs an initialised parallel state even for one process: :func:`ensure_parallel_state` sets
+up a single-process gloo group for scripts and tests that run outside a Lightning trainer.
+"""
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from speechtrain.lightning.megatron_compat import import_megatron, model_parallel_manual_seed
+
+
+@dataclass
+class GPTConfig:
+    """A decoder-only transformer in Hugging Face's Llama / Qwen2 vocabulary (see :mod:`speechtrain.speechlm.hf`)."""
+
+    vocab_size: int = 512
+    hidden_size: int = 256
+    num_layers: int = 4
+    num_attention_heads: int = 4
+    num_query_groups: int | None = None  # grouped-query attention: number of KV heads (None = num_attention_heads)
+    ffn_hidden_size: int = 768
+    max_position_embeddings: int = 2048
+    rope_theta: float = 10000.0
+    norm_eps: float = 1e-5
+    tie_word_embeddings: bool = False
+    qkv_bias: bool = False  # Qwen2 has biases on the q, k and v projections
+    architecture: str = "llama"  # "llama" or "qwen2": what export writes into config.json
+    transformer_engine: Any = "auto"  # "auto" | true | false
+    seed: int = 1234  # weight initialisation (the same full weights on every TP rank, then sliced)
+
+    @property
+    def kv_heads(self) -> int:
+        return self.num_query_groups or self.num_attention_heads
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+
+def ensure_parallel_state(seed: int = 1234) -> None:
+    """A one-process gloo group and Megatron parallel state, unless a trainer or launcher already set them up."""
+    import torch.distributed as dist
+
+    import_megatron()
+    from megatron.core import parallel_state as mpu
+
+    if not dist.is_initialized():
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        if "MASTER_PORT" not in os.environ:
+            import socket
+
+            with socket.socket() as sock:
+                sock.bind(("127.0.0.1", 0))
+                os.environ["MASTER_PORT"] = str(sock.getsockname()[1])
+        dist.init_process_group("gloo", rank=0, world_size=1)
+    if not mpu.model_parallel_is_initialized():
+        mpu.initialize_model_parallel(tensor_model_parallel_size=dist.get_world_size())
+        model_parallel_manual_seed(seed)
+
+
+def _use_transformer_engine(setting: Any) -> bool:
+    if setting in (False, "false", "False"):
+        return False
+    try:
+        import transformer_engine  # noqa: F401
+
+        available = torch.cuda.is_available()
+    except ImportError:
+        available = False
+    if setting in (True, "true", "True") and not available:
+        raise RuntimeError(
+            "llm.transformer_engine=true, but transformer-engine is not importable here (or CUDA is absent). "
+            "Install the GPU extra (pip install 'speechtrain[gpu]') or set llm.transformer_engine=auto."
+        )
+    return available
+
+
+def transformer_config(cfg: GPTConfig, **overrides: Any) -> Any:
+    """Megatron's ``TransformerConfig`` for ``cfg`` under the current tensor-parallel size."""
+    import_megatron()
+    from megatron.core import parallel_state as mpu
+    from megatron.core.transformer import TransformerConfig
+
+    tp = mpu.get_tensor_model_parallel_world_size() if mpu.model_parallel_is_initialized() else 1
+    if cfg.num_attention_heads % tp or cfg.kv_heads % tp:
+        raise ValueError(
+            f"llm: {cfg.num_attention_heads} attention heads and {cfg.kv_heads} KV heads must both be divisible by "
+            f"tensor_model_parallel_size={tp}."
+        )
+    return TransformerConfig(
+        num_layers=cfg.num_layers,
+        hidden_size=cfg.hidden_size,
+        num_attention_heads=cfg.num_attention_heads,
+        num_query_groups=cfg.kv_heads,
+        ffn_hidden_size=cfg.ffn_hidden_size,
+        kv_channels=cfg.head_dim,
+        normalization="RMSNorm",
+        layernorm_epsilon=cfg.norm_eps,
+        gated_linear_unit=True,
+        activation_func=F.silu,
+        add_bias_linear=False,
+        add_qkv_bias=cfg.qkv_bias,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        tensor_model_parallel_size=tp,
+        use_cpu_initialization=True,  # the full weight is drawn on every rank, then sliced: TP=n == TP=1
+        perform_initialization=True,
+        params_dtype=torch.float32,
+        gradient_accumulation_fusion=False,
+        bias_activation_fusion=False,
+        masked_softmax_fusion=False,
+        persist_layer_norm=False,
+        apply_rope_fusion=False,
+        **overrides,
+    )
+
+
+def build_gpt(cfg: GPTConfig, **overrides: Any) -> torch.nn.Module:
+    """Megatron's ``GPTModel`` for ``cfg``; the parallel state must be initialised (see :func:`ensure_parallel_state`).
+
+    Weights are drawn from ``cfg.seed`` (with Megatron's CPU initialisation every TP rank draws the full weights and
+    keeps its slice, so TP=2 starts from the same model as TP=1).
+    """
+    import_megatron()
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+
+    config = transformer_config(cfg, **overrides)
+    if _use_transformer_engine(cfg.transformer_engine):
+        from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_with_transformer_engine_spec
+
+        spec = get_gpt_layer_with_transformer_engine_spec(qk_layernorm=False)
+    else:
+        spec = get_gpt_layer_local_spec(normalization="RMSNorm", qk_layernorm=False)
+    state = torch.random.get_rng_state()
+    torch.manual_seed(cfg.seed)
+    try:
+        model = GPTModel(
+            config,
+            spec,
+            vocab_size=cfg.vocab_size,
+            max_sequence_length=cfg.max_position_embeddings,
+            position_embedding_type="rope",
+            rotary_base=int(cfg.rope_theta),
+            share_embeddings_and_output_weights=cfg.tie_word_embeddings,
+        )
+    finally:
+        torch.random.set_rng_state(state)
+    return model
+
+
+def gpt_logits(
+    model: torch.nn.Module,
+    *,
+    input_ids: torch.Tensor | None = None,
+    embeddings: torch.Tensor | None = None,
+    inference_context: Any = None,
+    position_offset: int = 0,
+) -> torch.Tensor:
+    """Full-vocabulary logits (B, T, V) from token ids or from input embeddings (B, T, D).
+
+    ``embeddings`` bypass the model's embedding layer (how audio frames enter the LLM). Causal attention over the
+    whole row: right padding never changes the logits of real positions. With ``inference_context`` (Megatron's
+    ``StaticInferenceContext``) the call appends to its KV cache; positions start at ``position_offset``.
+    """
+    if embeddings is None:
+        embeddings = model.embedding.word_embeddings(input_ids)  # (B, T, D), TP all-reduced
+    batch, length = embeddings.shape[:2]
+    positions = torch.arange(position_offset, position_offset + length, device=embeddings.device)
+    positions = positions.unsqueeze(0).expand(batch, length)
+    # GPTModel wants (T, B, D) decoder input; ids are only used for their shape when decoder_input is given.
+    dummy_ids = torch.zeros(batch, length, dtype=torch.long, device=embeddings.device)
+    return model(
+        dummy_ids,
+        positions,
+        attention_mask=None,
+        decoder_input=embeddings.transpose(0, 1).contiguous(),
+        inference_context=inference_context,
+        runtime_gather_output=True,
+    )
