@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo tts-demo test lint format bench clean
+.PHONY: install demo tts-demo salm-demo test lint format bench clean
 
 install: $(STAMP)
 
@@ -22,6 +22,20 @@ tts-demo: install
 	ASR=$$(ls -t speechtrain_experiments/asr_demo/*/asr_demo.stm 2>/dev/null | head -1); \
 	OMP_WAIT_POLICY=PASSIVE $(BIN)/python examples/tts_train.py trainer.devices=2 model.train_ds.batch_duration=30 \
 		asr_model=$${ASR:-null}
+
+# The SALM demo (under 60 min on 2 cores): an ASR encoder (16 min; skipped with ASR=<archive>), a tiny GPT
+# pretrained on corpus text (6 min), then SALM (25 min) and its evaluation on the test split.
+salm-demo: install
+	set -e; ASR=$${ASR:-}; \
+	if [ -z "$$ASR" ]; then \
+		OMP_WAIT_POLICY=PASSIVE $(BIN)/python examples/asr_train.py trainer.devices=2 model.train_ds.batch_duration=30 \
+			trainer.max_time=00:00:16:00 name=salm_asr; \
+		ASR=$$(ls -t speechtrain_experiments/salm_asr/*/salm_asr.stm | head -1); \
+	fi; \
+	OMP_WAIT_POLICY=PASSIVE $(BIN)/python examples/gpt_pretrain.py trainer.devices=2; \
+	LLM=$$(ls -td speechtrain_experiments/gpt_pretrain/*/hf | head -1); \
+	OMP_WAIT_POLICY=PASSIVE $(BIN)/python examples/salm_train.py trainer.devices=2 model.llm.hf_path=$$LLM \
+		model.perception.asr_model=$$ASR
 
 test: install lint
 	OMP_WAIT_POLICY=PASSIVE $(BIN)/python -m pytest -q

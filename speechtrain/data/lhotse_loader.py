@@ -262,20 +262,30 @@ class _CutFilter:
         return True
 
 
-def build_sampler(cuts: Any, cfg: LoaderConfig, dp_rank: int, dp_world_size: int) -> Any:
-    """The lhotse sampler that ``cfg`` describes, sharded by data-parallel rank."""
+def build_sampler(cuts: Any, cfg: LoaderConfig, dp_rank: int, dp_world_size: int, constraint: Any = None) -> Any:
+    """The lhotse sampler that ``cfg`` describes, sharded by data-parallel rank. ``constraint``: a lhotse
+    ``SamplingConstraint`` that measures and batches cuts in other units than seconds (e.g. SALM's total length);
+    bucket bins are then in its units."""
     with warnings.catch_warnings():
         # NeMo manifests are read into memory (they are metadata only); lhotse would suggest lazy reading.
         warnings.filterwarnings("ignore", message=".*eagerly read CutSet.*")
-        return _build_sampler(cuts, cfg, dp_rank, dp_world_size)
+        return _build_sampler(cuts, cfg, dp_rank, dp_world_size, constraint)
 
 
-def _build_sampler(cuts: Any, cfg: LoaderConfig, dp_rank: int, dp_world_size: int) -> Any:
+def _build_sampler(cuts: Any, cfg: LoaderConfig, dp_rank: int, dp_world_size: int, constraint: Any = None) -> Any:
     from lhotse.dataset import DynamicBucketingSampler, DynamicCutSampler
     from lhotse.dataset.sampling.dynamic_bucketing import FixedBucketBatchSizeConstraint
 
     common = {"shuffle": cfg.shuffle, "drop_last": cfg.drop_last, "seed": cfg.seed, "world_size": dp_world_size,
               "rank": dp_rank}  # fmt: skip
+    if constraint is not None:
+        num_buckets = min(cfg.num_buckets, len(cuts)) if not cuts.is_lazy else cfg.num_buckets
+        if cfg.use_bucketing and num_buckets >= 2:
+            return DynamicBucketingSampler(
+                cuts, constraint=constraint, num_buckets=num_buckets, duration_bins=cfg.bucket_duration_bins,
+                buffer_size=cfg.bucket_buffer_size, **common,
+            )  # fmt: skip
+        return DynamicCutSampler(cuts, constraint=constraint, shuffle_buffer_size=cfg.shuffle_buffer_size, **common)
     if cfg.bucket_batch_size is not None:
         if cfg.batch_size is not None or cfg.batch_duration is not None:
             raise ValueError(
@@ -373,7 +383,13 @@ class ResumableSampler:
 
 
 def get_lhotse_dataloader_from_config(
-    cfg: LoaderConfig | dict, dp_rank: int, dp_world_size: int, dataset: torch.utils.data.Dataset
+    cfg: LoaderConfig | dict,
+    dp_rank: int,
+    dp_world_size: int,
+    dataset: torch.utils.data.Dataset,
+    *,
+    cuts: Any = None,
+    constraint: Any = None,
 ) -> DataLoader:
     """The dataloader for one dataset node (see module docstring).
 
@@ -383,10 +399,14 @@ def get_lhotse_dataloader_from_config(
         dp_world_size: the number of data-parallel ranks.
         dataset: maps a :class:`CutBatch` to a collated batch (see :mod:`speechtrain.data.cut_datasets`); its
             ``tokenizer`` attribute, if any, counts tokens for the ``min_tps``/``max_tps`` filters.
+        cuts: cuts to read instead of those ``cfg`` names (a caller that adds its own sources).
+        constraint: a lhotse sampling constraint in other units than seconds (see :func:`build_sampler`).
     """
-    cfg = loader_config(cfg)
-    cuts = read_cuts(cfg, tokenizer=getattr(dataset, "tokenizer", None))
-    sampler = ResumableSampler(build_sampler(cuts, cfg, dp_rank, dp_world_size))
+    if not isinstance(cfg, LoaderConfig):
+        cfg = loader_config(cfg)
+    if cuts is None:
+        cuts = read_cuts(cfg, tokenizer=getattr(dataset, "tokenizer", None))
+    sampler = ResumableSampler(build_sampler(cuts, cfg, dp_rank, dp_world_size, constraint))
     # Its own generator: starting an epoch's iterator must not draw from the global RNG, or a run resumed
     # mid-epoch (which starts one more iterator) would see different dropout than the uninterrupted run.
     return DataLoader(

@@ -190,10 +190,36 @@ def gather_full_state_dict(module: torch.nn.Module) -> dict[str, torch.Tensor]:
         if tp > 1 and param is not None and getattr(param, "tensor_model_parallel", False):
             pieces = [torch.empty_like(tensor) for _ in range(tp)]
             torch.distributed.all_gather(pieces, tensor.contiguous(), group=tp_group)
-            tensor = torch.cat(pieces, dim=param.partition_dim)
+            dim, stride = param.partition_dim, getattr(param, "partition_stride", 1)
+            if stride > 1:  # a strided split (SwiGLU's [gate; up]): shard r holds [gate_r; up_r]
+                parts = [piece.chunk(stride, dim=dim) for piece in pieces]
+                pieces = [part[j] for j in range(stride) for part in parts]
+            tensor = torch.cat(pieces, dim=dim)
         full[name] = tensor.detach().cpu()
     if pp > 1:
         stages: list[dict[str, torch.Tensor] | None] = [None] * pp
         torch.distributed.all_gather_object(stages, full, group=pp_group)
         full = {name: tensor for stage in stages for name, tensor in stage.items()}
     return full
+
+
+def shard_full_state_dict(module: torch.nn.Module, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The inverse of :func:`gather_full_state_dict` for this rank: full tensors sliced to ``module``'s
+    tensor-parallel shards (by each parameter's ``partition_dim`` and ``partition_stride``), so a full-weight
+    archive loads into a model built under any tensor-parallel size. Keys that are not tensor-parallel parameters
+    of ``module`` pass as they are. (Pipeline stages are not split here: load the whole state dict and let
+    ``strict=False`` drop the rest.)
+    """
+    tp = parallel_state.tensor_parallel_world_size()
+    if tp == 1:
+        return dict(state)
+    rank = parallel_state.tensor_parallel_rank()
+    params = dict(module.named_parameters())
+    out = {}
+    for name, tensor in state.items():
+        param = params.get(name)
+        if param is not None and getattr(param, "tensor_model_parallel", False) and tensor.shape != param.shape:
+            dim, stride = param.partition_dim, getattr(param, "partition_stride", 1)
+            tensor = torch.cat([part.chunk(tp, dim=dim)[rank] for part in tensor.chunk(stride, dim=dim)], dim=dim)
+        out[name] = tensor.contiguous()
+    return out

@@ -118,6 +118,10 @@ def import_megatron() -> types.ModuleType:
         # Megatron's layers warn on every construction about a CUDA-only tuning variable.
         warnings.filterwarnings("ignore", message=".*CUDA_DEVICE_MAX_CONNECTIONS.*")
         warnings.filterwarnings("ignore", message=".*full scope is deprecated.*")
+        # Megatron's own deprecation notices about its internals (not about how speechtrain calls it).
+        for notice in ("tp_group is None", "MLP requires ffn_hidden_size", "custom_layers.transformer_engine",
+                       "dynamic_context.py"):  # fmt: skip
+            warnings.filterwarnings("ignore", message=f".*{notice}.*", category=DeprecationWarning)
         _tolerate_foreign_decoders()
         if not cuda_available():
             cpu_torch = _CpuTorch()

@@ -9,7 +9,6 @@ Megatron's model needs an initialised parallel state even for one process: :func
 up a single-process gloo group for scripts and tests that run outside a Lightning trainer.
 """
 
-import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,14 +54,9 @@ def ensure_parallel_state(seed: int = 1234) -> None:
     from megatron.core import parallel_state as mpu
 
     if not dist.is_initialized():
-        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        if "MASTER_PORT" not in os.environ:
-            import socket
-
-            with socket.socket() as sock:
-                sock.bind(("127.0.0.1", 0))
-                os.environ["MASTER_PORT"] = str(sock.getsockname()[1])
-        dist.init_process_group("gloo", rank=0, world_size=1)
+        # A private rendezvous (no MASTER_* variables set, so subprocesses launched later are not affected).
+        store = dist.HashStore()
+        dist.init_process_group("gloo", store=store, rank=0, world_size=1)
     if not mpu.model_parallel_is_initialized():
         mpu.initialize_model_parallel(tensor_model_parallel_size=dist.get_world_size())
         model_parallel_manual_seed(seed)
@@ -166,12 +160,17 @@ def gpt_logits(
     embeddings: torch.Tensor | None = None,
     inference_context: Any = None,
     position_offset: int = 0,
+    attention_mask: torch.Tensor | None = None,
+    labels: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Full-vocabulary logits (B, T, V) from token ids or from input embeddings (B, T, D).
 
     ``embeddings`` bypass the model's embedding layer (how audio frames enter the LLM). Causal attention over the
     whole row: right padding never changes the logits of real positions. With ``inference_context`` (Megatron's
     ``StaticInferenceContext``) the call appends to its KV cache; positions start at ``position_offset``.
+    ``attention_mask`` (B, 1, T, keys) bool, True where attention is *not* allowed, replaces the causal mask
+    (batched generation with left padding). With ``labels`` (B, T; ids >= 0) the result is instead the per-token
+    cross-entropy (B, T), computed on the vocabulary shards without gathering the logits.
     """
     if embeddings is None:
         embeddings = model.embedding.word_embeddings(input_ids)  # (B, T, D), TP all-reduced
@@ -183,8 +182,9 @@ def gpt_logits(
     return model(
         dummy_ids,
         positions,
-        attention_mask=None,
+        attention_mask=attention_mask,
         decoder_input=embeddings.transpose(0, 1).contiguous(),
         inference_context=inference_context,
-        runtime_gather_output=True,
+        labels=labels,
+        runtime_gather_output=labels is None,
     )

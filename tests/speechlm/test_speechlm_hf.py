@@ -1,0 +1,186 @@
+"""Hugging Face Llama / Qwen2 <-> Megatron GPT: logits parity at import, export round trips, TP=2, bad configs."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+from speechtrain.speechlm.backbone import ensure_parallel_state, gpt_logits  # noqa: E402
+from speechtrain.speechlm.hf import export_hf, gpt_config_from_hf, import_hf  # noqa: E402
+
+JOB = Path(__file__).with_name("hf_tp_job.py")
+CASES = [("llama", False), ("qwen2", False), ("llama", True), ("qwen2", True)]
+
+
+def _hf_model(arch: str, tied: bool, seed: int = 0):
+    config_class = transformers.LlamaConfig if arch == "llama" else transformers.Qwen2Config
+    config = config_class(vocab_size=96, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                          num_key_value_heads=2, intermediate_size=128, max_position_embeddings=64,
+                          rope_theta=20000.0, rms_norm_eps=1e-6, tie_word_embeddings=tied,
+                          attn_implementation="eager")  # fmt: skip
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_config(config)
+    with torch.no_grad():  # every weight random (norms around one), so a swapped tensor cannot hide
+        for name, param in model.named_parameters():
+            param.copy_(torch.randn_like(param) * 0.1 + (1.0 if "norm" in name else 0.0))
+    return model.eval()
+
+
+def _save(model, folder: Path, sharded: bool = False) -> Path:
+    model.save_pretrained(folder, safe_serialization=True, max_shard_size="40KB" if sharded else "5GB")
+    return folder
+
+
+def _hf_logits(folder_or_model, ids):
+    model = folder_or_model
+    if not isinstance(model, torch.nn.Module):
+        model = transformers.AutoModelForCausalLM.from_pretrained(folder_or_model, attn_implementation="eager")
+    with torch.no_grad():
+        return model.eval()(ids, attention_mask=torch.ones_like(ids)).logits
+
+
+def _ids(vocab: int = 96):
+    return torch.randint(0, vocab, (3, 11), generator=torch.Generator().manual_seed(5))
+
+
+def _our_logits(model, ids):
+    with torch.no_grad():
+        return gpt_logits(model.eval(), input_ids=ids)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _parallel_state():
+    ensure_parallel_state()
+
+
+@pytest.mark.parametrize(("arch", "tied"), CASES)
+def test_import_matches_hf_logits(tmp_path, arch, tied):
+    hf = _hf_model(arch, tied)
+    folder = _save(hf, tmp_path / "hf", sharded=tied)
+    if tied:
+        assert (folder / "model.safetensors.index.json").exists()
+    model, cfg = import_hf(folder)
+    assert (cfg.architecture, cfg.tie_word_embeddings, cfg.qkv_bias) == (arch, tied, arch == "qwen2")
+    assert cfg.rope_theta == 20000.0 and cfg.kv_heads == 2 and cfg.norm_eps == 1e-6
+    ids = _ids()
+    ours, theirs = _our_logits(model, ids), _hf_logits(hf, ids)
+    print(f"TP=1 {arch} tied={tied}: max |logit diff| = {(ours - theirs).abs().max().item():.2e}")
+    torch.testing.assert_close(ours, theirs, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize(("arch", "tied"), CASES[:3])
+def test_export_round_trip(tmp_path, arch, tied):
+    hf = _hf_model(arch, tied, seed=1)
+    folder = _save(hf, tmp_path / "hf")
+    model, cfg = import_hf(folder)
+    export_hf(model, cfg, tmp_path / "out", tokenizer_dir=folder)
+    assert (tmp_path / "out" / "generation_config.json").exists()
+    config = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert config["architectures"] == ["LlamaForCausalLM" if arch == "llama" else "Qwen2ForCausalLM"]
+    exported, info = transformers.AutoModelForCausalLM.from_pretrained(
+        tmp_path / "out", attn_implementation="eager", output_loading_info=True
+    )
+    assert not any(info.get(k) for k in ("missing_keys", "unexpected_keys", "mismatched_keys")), info
+    ids = _ids()
+    torch.testing.assert_close(_hf_logits(exported, ids), _hf_logits(hf, ids), atol=1e-5, rtol=1e-5)
+    for name, tensor in hf.state_dict().items():  # weights come back bit-exact
+        assert torch.equal(exported.state_dict()[name], tensor), name
+    again, cfg_again = import_hf(tmp_path / "out")
+    assert cfg_again == cfg
+    first = {k: v for k, v in model.state_dict().items() if isinstance(v, torch.Tensor)}
+    second = {k: v for k, v in again.state_dict().items() if isinstance(v, torch.Tensor)}
+    assert first.keys() == second.keys()
+    for name in first:
+        assert torch.equal(first[name], second[name]), name
+
+
+def _write_config(tmp_path, **changes):
+    config = transformers.LlamaConfig(vocab_size=96, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                      num_key_value_heads=2, intermediate_size=128).to_dict()  # fmt: skip
+    config.update(changes)
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    return tmp_path
+
+
+@pytest.mark.parametrize(
+    ("changes", "field"),
+    [
+        ({"model_type": "mistral"}, "model_type"),
+        ({"rope_scaling": {"type": "linear", "factor": 2.0}, "rope_parameters": None}, "rope_scaling"),
+        ({"rope_parameters": {"rope_type": "llama3", "rope_theta": 1e4, "factor": 8.0}}, "rope_parameters"),
+        ({"head_dim": 32}, "head_dim"),
+        ({"mlp_bias": True}, "mlp_bias"),
+        ({"hidden_act": "gelu"}, "hidden_act"),
+        ({"attention_bias": True}, "attention_bias"),
+    ],
+)
+def test_unsupported_config_raises(tmp_path, changes, field):
+    with pytest.raises(ValueError, match=field):
+        gpt_config_from_hf(_write_config(tmp_path, **changes))
+
+
+def test_legacy_rope_theta_and_overrides(tmp_path):
+    folder = _write_config(tmp_path, rope_parameters=None, rope_theta=1e6, rope_scaling=None)
+    cfg = gpt_config_from_hf(folder, seed=3)
+    assert cfg.rope_theta == 1e6 and cfg.seed == 3 and cfg.kv_heads == 2 and cfg.head_dim == 16
+
+
+def test_missing_and_unexpected_tensors_are_named(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    folder = _save(_hf_model("llama", False), tmp_path / "hf")
+    tensors = load_file(folder / "model.safetensors")
+    save_file({**tensors, "model.extra.weight": torch.zeros(2)}, folder / "model.safetensors")
+    with pytest.raises(ValueError, match="model.extra.weight"):
+        import_hf(folder)
+    del tensors["model.layers.1.mlp.up_proj.weight"]
+    save_file(tensors, folder / "model.safetensors")
+    with pytest.raises(ValueError, match=r"model\.layers\.1\.mlp\.up_proj\.weight"):
+        import_hf(folder)
+
+
+def test_vocab_not_divisible_by_tp_raises(tmp_path, monkeypatch):
+    from speechtrain.lightning import parallel_state
+
+    monkeypatch.setattr(parallel_state, "tensor_parallel_world_size", lambda: 2)
+    with pytest.raises(ValueError, match="vocab_size=97"):
+        import_hf(_write_config(tmp_path, vocab_size=97))
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.mark.multiprocess
+def test_tensor_parallel_import_and_export(tmp_path):
+    """TP=2 (one launch, two models): Qwen2 with untied output layer and QKV biases, tied Llama."""
+    cases = [("qwen2", False), ("llama", True)]
+    models = [_hf_model(arch, tied, seed=2) for arch, tied in cases]
+    folders = [_save(hf, tmp_path / f"hf{i}") for i, hf in enumerate(models)]
+    ids = _ids()
+    torch.save(ids, tmp_path / "ids.pt")
+    out = tmp_path / "tp2"
+    out.mkdir()
+    env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={_free_port()}",
+               str(JOB), "--hf", *map(str, folders), "--ids", str(tmp_path / "ids.pt"), "--out", str(out)]  # fmt: skip
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=240, check=False)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
+    for i, ((arch, tied), hf) in enumerate(zip(cases, models)):
+        theirs = _hf_logits(hf, ids)
+        ours = torch.load(out / f"{i}.pt")
+        print(f"TP=2 {arch} tied={tied}: max |logit diff| = {(ours - theirs).abs().max().item():.2e}")
+        torch.testing.assert_close(ours, theirs, atol=1e-4, rtol=1e-4)
+        exported = transformers.AutoModelForCausalLM.from_pretrained(out / f"{i}.hf", attn_implementation="eager")
+        for name, tensor in hf.state_dict().items():
+            assert torch.equal(exported.state_dict()[name], tensor), name
+        torch.testing.assert_close(_hf_logits(exported, ids), theirs, atol=1e-5, rtol=1e-5)
