@@ -21,6 +21,7 @@ from speechtrain.core.exp_manager import exp_manager
 from speechtrain.core.hydra_runner import hydra_runner
 from speechtrain.core.job import train_job_schema
 from speechtrain.lightning import Trainer, teardown
+from speechtrain.speechlm.backbone import GPTConfig
 from speechtrain.speechlm.lm import GPTPretrainConfig, GPTPretrainModel, corpus_sentences
 from speechtrain.speechlm.tokenizer import train_bpe_tokenizer
 
@@ -78,7 +79,8 @@ def main(cfg):
     exit_if_preempted(trainer)
     results = trainer.validate(model, verbose=False)
     hf_dir = log_dir / "hf"
-    export_hf(model.llm, model.cfg.llm, hf_dir, tokenizer_dir=Path(model.cfg.tokenizer).parent)  # every rank
+    llm_cfg = GPTConfig(**OmegaConf.to_container(model.cfg.llm))
+    export_hf(model.llm, llm_cfg, hf_dir, tokenizer_dir=Path(model.cfg.tokenizer).parent)  # every rank takes part
     if trainer.is_global_zero:
         val = results[0].get("val_loss") if results else None
         print(
