@@ -24,7 +24,7 @@ tts-demo: install
 		asr_model=$${ASR:-null}
 
 # The SALM demo (under 60 min on 2 cores): an ASR encoder (16 min; skipped with ASR=<archive>), a tiny GPT
-# pretrained on corpus text (6 min), then SALM (25 min) and its evaluation on the test split.
+# pretrained on corpus text (6 min), then SALM (28 min) and its evaluation on the test split.
 salm-demo: install
 	set -e; ASR=$${ASR:-}; \
 	if [ -z "$$ASR" ]; then \

@@ -3,6 +3,7 @@
 Data flow of a training step::
 
     audio (N, T) --log-mel + Conformer encoder (from an ASR archive)--> (N, F, d_enc)
+                 --[CTC compression: average runs of one greedy CTC label, drop blanks]-->
                  --modality adapter: stack `subsampling` frames, Conformer layers--> --Linear--> (N, F', d_llm)
     chat-formatted ids (B, L) with <|audioplaceholder|> --LLM word embeddings--> (B, L, d_llm)
     inject_audio: each placeholder replaced by one utterance's frames, labels = next token where the loss mask is set
@@ -69,12 +70,16 @@ class AdapterConfig:
 @dataclass
 class PerceptionConfig:
     """Audio perception. ``asr_model``: an ASR archive (``.stm``) whose preprocessor and encoder shape and weights
-    are taken (its ``preprocessor`` / ``encoder`` replace those given here)."""
+    are taken (its ``preprocessor`` / ``encoder`` replace those given here), and its CTC head with
+    ``compression: ctc`` (CTC compression: about one LLM position per recognised token instead of one per frame).
+    """
 
     asr_model: str | None = None
     preprocessor: PreprocessorConfig = field(default_factory=PreprocessorConfig)
     encoder: ConformerConfig = field(default_factory=ConformerConfig)
     adapter: AdapterConfig = field(default_factory=AdapterConfig)
+    compression: str = "none"  # "ctc": average runs of frames with the same greedy CTC label, drop blank runs
+    ctc_vocab: int | None = None  # the CTC head's outputs, blank last (taken from asr_model)
 
 
 @dataclass
@@ -156,6 +161,8 @@ def prepare_salm_config(model_cfg: Any) -> None:
         stored = read_archive(asr).config
         if "encoder" not in stored or "preprocessor" not in stored:
             raise ValueError(f"model.perception.asr_model={asr}: not an ASR model archive (no encoder/preprocessor).")
+        if model_cfg.perception.compression == "ctc":
+            model_cfg.perception.ctc_vocab = int(read_archive(asr).state_dict["decoder.weight"].shape[0])
         model_cfg.perception.preprocessor = OmegaConf.merge(model_cfg.perception.preprocessor, stored["preprocessor"])
         model_cfg.perception.encoder = OmegaConf.merge(model_cfg.perception.encoder, stored["encoder"])
         if stored.get("sample_rate") and stored["sample_rate"] != model_cfg.sample_rate:
@@ -200,23 +207,53 @@ class ModalityAdapter(torch.nn.Module):
         return x * mask[:, :, None], lengths
 
 
+def ctc_compress(
+    x: torch.Tensor, lengths: torch.Tensor, logits: torch.Tensor, blank: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """CTC compression: consecutive frames with the same greedy label are averaged into one, runs of blank are
+    dropped (an utterance that is all blank keeps one averaged frame). (N, F, D) -> (N, F', D), lengths (N,)."""
+    labels = logits.argmax(-1)
+    rows = []
+    for row in range(x.shape[0]):
+        n = max(int(lengths[row]), 1)
+        label = labels[row, :n]
+        starts = torch.ones(n, dtype=torch.bool, device=x.device)
+        starts[1:] = label[1:] != label[:-1]
+        segment = starts.cumsum(0) - 1
+        count = int(segment[-1]) + 1
+        sums = x.new_zeros(count, x.shape[2]).index_add(0, segment, x[row, :n])
+        means = sums / torch.bincount(segment, minlength=count).to(x.dtype)[:, None]
+        keep = label[starts] != blank
+        rows.append(means[keep] if bool(keep.any()) else means.mean(0, keepdim=True))
+    new_lengths = torch.tensor([r.shape[0] for r in rows], device=x.device)
+    out = x.new_zeros(len(rows), int(new_lengths.max()), x.shape[2])
+    for row, values in enumerate(rows):
+        out[row, : values.shape[0]] = values
+    return out, new_lengths
+
+
 class AudioPerception(torch.nn.Module):
     """audio (N, T), lengths -> embeddings (N, F', d_llm) and their lengths (N,)."""
 
     def __init__(self, cfg: PerceptionConfig, sample_rate: int, llm_width: int, seed: int) -> None:
         super().__init__()
+        if cfg.compression not in ("none", "ctc"):
+            raise ValueError(f"model.perception.compression must be none or ctc, got {cfg.compression!r}.")
+        if cfg.compression == "ctc" and not cfg.ctc_vocab:
+            raise ValueError("model.perception.compression=ctc needs the ASR model's CTC head: set "
+                             "model.perception.asr_model (or ctc_vocab).")  # fmt: skip
         self.preprocessor = LogMelFeatures(cfg.preprocessor, sample_rate)
         self.encoder = ConformerEncoder(cfg.encoder, cfg.preprocessor.n_mels, seed)
+        self.ctc_head = torch.nn.Linear(cfg.encoder.d_model, cfg.ctc_vocab) if cfg.compression == "ctc" else None
         self.adapter = ModalityAdapter(cfg.adapter, cfg.encoder, seed + 50_000)
         with seeded(seed + 60_000):
             self.proj = torch.nn.Linear(cfg.encoder.d_model, llm_width)
-        self.frame_seconds = (
-            cfg.preprocessor.window_stride * cfg.encoder.subsampling_factor * max(cfg.adapter.subsampling, 1)
-        )
 
     def forward(self, audio: torch.Tensor, audio_lens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         feats, lengths = self.preprocessor(audio, audio_lens)
         x, lengths = self.encoder(feats, lengths)
+        if self.ctc_head is not None:
+            x, lengths = ctc_compress(x, lengths, self.ctc_head(x), blank=self.ctc_head.out_features - 1)
         x, lengths = self.adapter(x, lengths)
         return self.proj(x), lengths
 
@@ -276,11 +313,15 @@ class SALMModel(SpeechModel):
 
             load_hf_weights(self.llm, cfg.llm.hf_path, llm_cfg)
             logger.info("LLM weights loaded from %s", cfg.llm.hf_path)
+        self._match_audio_scale()
         if cfg.perception.asr_model:
             from speechtrain.core.archive import read_archive
 
             stored = read_archive(cfg.perception.asr_model).state_dict
             taken = {f"perception.{k}": v for k, v in stored.items() if k.startswith(("encoder.", "preprocessor."))}
+            if self.perception.ctc_head is not None:
+                taken.update({f"perception.ctc_head.{k[len('decoder.'):]}": v for k, v in stored.items()
+                              if k.startswith("decoder.")})  # fmt: skip
             own = self.state_dict()
             taken = {k: v for k, v in shard_full_state_dict(self, taken).items() if k in own}
             self.load_state_dict(taken, strict=False)
@@ -297,6 +338,23 @@ class SALMModel(SpeechModel):
         if self.llm is None:
             self.configure_model()
 
+    def _match_audio_scale(self) -> None:
+        """Initialise the projection so that audio embeddings have the RMS of the LLM's token embeddings.
+
+        The adapter's output is layer-normalised (unit RMS); a default-initialised projection then gives audio
+        embeddings ~20x larger than token embeddings (0.59 vs 0.027 in the demo), and the LLM's first RMSNorm
+        divides the gradient reaching the projection by that size. (An archive's weights replace this anyway.)
+        """
+        weight = self.llm.embedding.word_embeddings.weight.detach().float()
+        stats = torch.stack([weight.pow(2).sum(), torch.tensor(float(weight.numel()))])
+        if parallel_state.tensor_parallel_world_size() > 1:  # the embedding is split over the vocabulary
+            stats = parallel_state.all_reduce(stats, parallel_state.tensor_parallel_group())
+        rms = float((stats[0] / stats[1]).sqrt())
+        proj = self.perception.proj
+        with seeded(self._init_seed + 60_001), torch.no_grad():
+            torch.nn.init.normal_(proj.weight, std=rms / math.sqrt(proj.in_features))
+            proj.bias.zero_()
+
     def train(self, mode: bool = True) -> "SALMModel":
         super().train(mode)
         if mode and self.llm is not None:
@@ -312,7 +370,11 @@ class SALMModel(SpeechModel):
 
     @property
     def frame_seconds(self) -> float:
+        """Seconds of audio per LLM position, for total-length batching (CTC compression: an estimate, ~6
+        recognised tokens per second)."""
         p = self.cfg.perception
+        if p.compression == "ctc":
+            return 0.16 * max(p.adapter.subsampling, 1)
         return p.preprocessor.window_stride * p.encoder.subsampling_factor * max(p.adapter.subsampling, 1)
 
     # --------------------------------------------------------------------------------------------- forward

@@ -88,6 +88,16 @@ def test_batch_loss_counts_answer_tokens_only(tokenizer_file, dtmf_manifest):
         assert len(answers["last_word"].split()) == 1
 
 
+def test_audio_embeddings_start_at_the_scale_of_token_embeddings(tokenizer_file, dtmf_manifest):
+    model = tiny_salm(tokenizer_file, dtmf_manifest).eval()
+    batch = first_batch(model)
+    with torch.no_grad():
+        audio, lens = model.perception(batch["audio"], batch["audio_lens"])
+    audio_rms = torch.cat([a[:n] for a, n in zip(audio, lens)]).pow(2).mean().sqrt()
+    token_rms = model.llm.embedding.word_embeddings.weight.pow(2).mean().sqrt()
+    assert 0.5 < float(audio_rms / token_rms) < 2.0
+
+
 def test_training_steps_reduce_the_loss(tokenizer_file, dtmf_manifest):
     model = tiny_salm(tokenizer_file, dtmf_manifest)
     batch = first_batch(model, "train")
@@ -178,9 +188,11 @@ def test_llm_and_encoder_from_hf_folder_and_asr_archive(tokenizer_file, tmp_path
     from speechtrain.speechlm.model import SALMConfig
 
     cfg = validate_config({**config, "llm": {"hf_path": str(tmp_path / "hf")},
-                           "perception": {"asr_model": str(tmp_path / "asr.stm")}}, SALMConfig)  # fmt: skip
+                           "perception": {"asr_model": str(tmp_path / "asr.stm"), "compression": "ctc",
+                                          "adapter": {"subsampling": 1, "num_layers": 1}}}, SALMConfig)  # fmt: skip
     prepare_salm_config(cfg)
     assert cfg.perception.encoder.d_model == 24 and cfg.llm.config.hidden_size == 32
+    assert cfg.perception.ctc_vocab == 12  # 11 characters + blank
     model = SALMModel(OmegaConf.to_container(cfg))
     model.configure_model()
     reference = build_gpt(gpt_cfg).state_dict()
@@ -189,6 +201,10 @@ def test_llm_and_encoder_from_hf_folder_and_asr_archive(tokenizer_file, tmp_path
             torch.testing.assert_close(tensor, reference[name], msg=name)
     for name, tensor in asr.encoder.state_dict().items():
         torch.testing.assert_close(model.perception.encoder.state_dict()[name], tensor, msg=name)
+    torch.testing.assert_close(model.perception.ctc_head.weight, asr.decoder.weight)
+    audio = torch.randn(2, 8000)
+    frames, lens = model.perception(audio, torch.tensor([8000, 5000]))
+    assert frames.shape[-1] == 32 and bool((lens >= 1).all())  # compressed: one frame per non-blank label run
 
 
 def test_jsonl_conversations_with_two_audios(tokenizer_file, dtmf_manifest, tmp_path):
@@ -287,3 +303,19 @@ def test_generate_cli_on_one_file(tokenizer_file, dtmf_manifest, tmp_path, capsy
     assert len(open(tmp_path / "answers.json").readlines()) == 4
     with pytest.raises(SystemExit, match="task=nope"):
         main([f"model_path={path}", f"audio={audio}", "task=nope"])
+
+
+def test_ctc_compression_averages_label_runs_and_drops_blanks():
+    from speechtrain.speechlm.model import ctc_compress
+
+    blank = 3
+    labels = torch.tensor([[blank, 0, 0, blank, 1, 1, 0, blank], [2, 2, blank, blank, 2, blank, blank, blank]])
+    logits = torch.nn.functional.one_hot(labels, 4).float()
+    x = torch.arange(16.0).view(2, 8, 1).expand(2, 8, 2)
+    out, lens = ctc_compress(x, torch.tensor([8, 5]), logits, blank)
+    assert lens.tolist() == [3, 2]
+    assert out[0, :, 0].tolist() == [1.5, 4.5, 6.0]  # frames 1-2, 4-5, 6
+    assert out[1, :2, 0].tolist() == [8.5, 12.0]  # frames 0-1 and 4 (the same label after a blank is a new token)
+    all_blank = torch.nn.functional.one_hot(torch.full((1, 8), blank), 4).float()
+    silent, n = ctc_compress(x[:1], torch.tensor([2]), all_blank, blank)
+    assert n.tolist() == [1] and silent[0, 0, 0].item() == 0.5
