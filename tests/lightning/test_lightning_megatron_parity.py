@@ -87,7 +87,9 @@ LAYOUTS = {
 def test_layout_matches_single_process(layout, reference, tmp_path):
     nproc, args = LAYOUTS[layout]
     out = run_job(tmp_path / layout, nproc, *args)
-    assert_same_run(out, reference)
+    # TPxPP accumulates over 4 micro-batches in another order: one FFN weight ends 1.04e-5 (relative) from the
+    # reference with today's package set (the commit before SALM fails the same way here), losses within 1e-5.
+    assert_same_run(out, reference, weight_tolerance=2e-5 if layout == "tp2xpp2" else TOLERANCE)
     optimizers = {torch.load(p, weights_only=False)["optimizer"] for p in out.glob("rank*.pt")}
     assert optimizers == {"ZeroRedundancyOptimizer" if "--distributed-optimizer" in args else "Adam"}
 

@@ -266,7 +266,11 @@ def _train_losses(run_root: Path) -> list[float]:
 @pytest.mark.multiprocess
 @pytest.mark.slow
 def test_tensor_parallel_training_equals_single_process(tokenizer_file, dtmf_manifest, tmp_path):
-    env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "OMP_NUM_THREADS": "1"}
+    # A fresh rendezvous: nothing of an earlier in-process run's (MASTER_PORT, RANK, ...) is inherited.
+    launch = ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE", "NODE_RANK", "GROUP_RANK")
+    env = {k: v for k, v in os.environ.items() if k not in launch and not k.startswith("PL_")}
+    env.update(OMP_WAIT_POLICY="PASSIVE", OMP_NUM_THREADS="1")
+    env.pop("SPEECHTRAIN_EXP_VERSION", None)
     losses = {}
     for devices, tp in ((1, 1), (2, 2)):
         folder = tmp_path / f"tp{tp}"
