@@ -359,19 +359,9 @@ class CTCModel(SpeechModel):
             AsrCutDataset.from_config(self.tokenizer, cfg),
         )
 
-    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
-        super().on_train_batch_start(batch, batch_idx)
-        self._skips.add_batch(batch)
-
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
         """Shows training speed (audio-seconds per second, all data-parallel ranks) and the time left in the bar."""
         self.log_training_speed(batch)
-
-    def on_train_epoch_end(self) -> None:
-        """Reports the utterances skipped during the epoch (batches carry their counts, loader workers' included)."""
-        summary = self._skips.take_summary()
-        if summary:
-            logger.warning("Epoch %d: %s", self.current_epoch, summary)
 
     def train_dataloader(self) -> DataLoader:
         if self._train_loader is None:

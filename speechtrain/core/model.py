@@ -391,6 +391,16 @@ class SpeechModel(pl.LightningModule):
         # Counted at the start: checkpoints are written by callbacks at the end of a batch, before the module's
         # own on_train_batch_end runs, and that batch has been trained on by then.
         self._batches_done = batch_idx + 1
+        skips = getattr(self, "_skips", None)  # a SkipTally: models whose datasets skip bad utterances keep one
+        if skips is not None:
+            skips.add_batch(batch)
+
+    def on_train_epoch_end(self) -> None:
+        """Reports the utterances skipped during the epoch (batches carry their counts, loader workers' included)."""
+        skips = getattr(self, "_skips", None)
+        summary = skips.take_summary() if skips is not None else None
+        if summary:
+            logger.warning("Epoch %d: %s", self.current_epoch, summary)
 
     def log_training_speed(self, batch: Any) -> bool:
         """Logs training speed (audio-seconds per second over all data-parallel ranks, smoothed; from the batch's

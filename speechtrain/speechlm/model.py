@@ -21,6 +21,7 @@ Data flow of a training step::
   left-padded batches, and reports WER for transcription tasks and exact-match accuracy for the others.
 """
 
+import dataclasses
 import logging
 import math
 from dataclasses import dataclass, field
@@ -149,8 +150,7 @@ def prepare_salm_config(model_cfg: Any) -> None:
             raise FileNotFoundError(f"model.llm.hf_path={folder}: no config.json there (a Hugging Face checkpoint "
                                     "folder with config.json, safetensors weights and tokenizer files).")  # fmt: skip
         hf = gpt_config_from_hf(folder)
-        keep = {"transformer_engine": llm.config.transformer_engine}
-        llm.config = OmegaConf.structured(GPTConfig(**{**_asdict(hf), **keep}))
+        llm.config = OmegaConf.structured(dataclasses.replace(hf, transformer_engine=llm.config.transformer_engine))
         llm.tokenizer = str(folder / "tokenizer.json")
         config = folder / "tokenizer_config.json"
         llm.tokenizer_config = str(config) if config.is_file() else None
@@ -158,22 +158,17 @@ def prepare_salm_config(model_cfg: Any) -> None:
     if asr:
         from speechtrain.core.archive import read_archive
 
-        stored = read_archive(asr).config
+        archive = read_archive(asr)
+        stored = archive.config
         if "encoder" not in stored or "preprocessor" not in stored:
             raise ValueError(f"model.perception.asr_model={asr}: not an ASR model archive (no encoder/preprocessor).")
         if model_cfg.perception.compression == "ctc":
-            model_cfg.perception.ctc_vocab = int(read_archive(asr).state_dict["decoder.weight"].shape[0])
+            model_cfg.perception.ctc_vocab = int(archive.state_dict["decoder.weight"].shape[0])
         model_cfg.perception.preprocessor = OmegaConf.merge(model_cfg.perception.preprocessor, stored["preprocessor"])
         model_cfg.perception.encoder = OmegaConf.merge(model_cfg.perception.encoder, stored["encoder"])
         if stored.get("sample_rate") and stored["sample_rate"] != model_cfg.sample_rate:
             raise ValueError(f"model.sample_rate={model_cfg.sample_rate}, but the ASR model {asr} expects "
                              f"{stored['sample_rate']} Hz.")  # fmt: skip
-
-
-def _asdict(obj: Any) -> dict[str, Any]:
-    import dataclasses
-
-    return dataclasses.asdict(obj) if dataclasses.is_dataclass(obj) else dict(obj)
 
 
 class ModalityAdapter(torch.nn.Module):
@@ -594,17 +589,8 @@ class SALMModel(SpeechModel):
             cuts=cuts, constraint=total_length_constraint(cfg, self.frame_seconds),
         )  # fmt: skip
 
-    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
-        super().on_train_batch_start(batch, batch_idx)
-        self._skips.add_batch(batch)
-
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
         self.log_training_speed(batch)
-
-    def on_train_epoch_end(self) -> None:
-        summary = self._skips.take_summary()
-        if summary:
-            logger.warning("Epoch %d: %s", self.current_epoch, summary)
 
     def train_dataloader(self) -> DataLoader:
         if self._train_loader is None:

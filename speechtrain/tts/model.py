@@ -509,19 +509,10 @@ class TTSModel(SpeechModel):
             cfg, parallel_state.data_parallel_rank(), parallel_state.data_parallel_world_size(), dataset
         )
 
-    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
-        super().on_train_batch_start(batch, batch_idx)
-        self._skips.add_batch(batch)
-
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
         """Shows training speed and the time left (:meth:`log_training_speed`), and the prior's strength."""
         if self.log_training_speed(batch):
             self.log("prior_strength", self.prior_strength(self.global_step), batch_size=1)
-
-    def on_train_epoch_end(self) -> None:
-        summary = self._skips.take_summary()
-        if summary:
-            logger.warning("Epoch %d: %s", self.current_epoch, summary)
 
     def train_dataloader(self) -> DataLoader:
         if self._train_loader is None:
