@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from speechtrain.lightning import parallel_state
+from speechtrain.lightning.megatron_parallel import active_engine
 
 
 @dataclass
@@ -39,27 +39,49 @@ class OptimConfig:
     sched: SchedConfig = field(default_factory=SchedConfig)
 
 
+def _weight_decay_groups(params: list[torch.nn.Parameter], weight_decay: float) -> list[dict]:
+    """Megatron's rule, for the same numbers with and without the bridge: no weight decay on biases and other 1-D
+    parameters (norm scales)."""
+    decay = [p for p in params if p.dim() > 1]
+    no_decay = [p for p in params if p.dim() <= 1]
+    return [g for g in ({"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0})
+            if g["params"]]  # fmt: skip
+
+
 def build_optimizer(params: list[torch.nn.Parameter], cfg: OptimConfig) -> torch.optim.Optimizer:
     """The optimizer named by ``cfg.name`` over ``params``.
 
-    When the run asks for a distributed optimizer (``MegatronStrategy(use_distributed_optimizer=True)``) and has
-    more than one data-parallel rank, the optimizer states are sharded over the data-parallel group (ZeRO-1:
-    each rank updates its share of the parameters and broadcasts them); the updates are the same numbers.
+    Under ``MegatronStrategy`` this is Megatron Core's optimizer over the DDP-wrapped model (fp32 main parameters,
+    loss scaling, the distributed optimizer and clipping as the run asks; see
+    :class:`speechtrain.lightning.MegatronOptimizer`), covering the model's trainable parameters, which must be
+    ``params``. Elsewhere (a plain Lightning run) it is the torch optimizer with the same weight-decay rule.
     """
-    classes = {"adamw": torch.optim.AdamW, "adam": torch.optim.Adam, "sgd": torch.optim.SGD}
-    if cfg.name not in classes:
+    if cfg.name not in ("adamw", "adam", "sgd"):
         raise ValueError(f"Unknown optimizer model.optim.name={cfg.name!r}; choose adamw, adam or sgd.")
-    if cfg.name == "sgd":
-        kwargs = {"lr": cfg.lr, "momentum": cfg.momentum, "weight_decay": cfg.weight_decay}
-    else:
-        kwargs = {"lr": cfg.lr, "betas": tuple(cfg.betas), "weight_decay": cfg.weight_decay}
-    if parallel_state.distributed_optimizer_enabled() and parallel_state.data_parallel_world_size() > 1:
-        from torch.distributed.optim import ZeroRedundancyOptimizer
-
-        return ZeroRedundancyOptimizer(
-            params, optimizer_class=classes[cfg.name], process_group=parallel_state.data_parallel_group(), **kwargs
+    engine = active_engine()
+    if engine is not None:
+        trainable = {id(p) for p in engine.module.parameters() if p.requires_grad}
+        if trainable != {id(p) for p in params}:
+            raise ValueError(
+                "Under MegatronStrategy the optimizer covers exactly the model's trainable parameters "
+                f"({len(trainable)}), but {len(params)} were given: freeze parameters with requires_grad=False "
+                "before training starts instead of leaving them out of the optimizer."
+            )
+        trainer = getattr(engine.module, "_trainer", None)
+        precision = trainer.strategy.precision_plugin.precision if trainer is not None else "32-true"
+        return engine.build_optimizer(
+            name=cfg.name,
+            lr=cfg.lr,
+            betas=tuple(cfg.betas),
+            weight_decay=cfg.weight_decay,
+            momentum=cfg.momentum,
+            precision=precision,
         )
-    return classes[cfg.name](params, **kwargs)
+    groups = _weight_decay_groups(params, cfg.weight_decay)
+    if cfg.name == "sgd":
+        return torch.optim.SGD(groups, lr=cfg.lr, momentum=cfg.momentum)
+    optimizer_class = torch.optim.AdamW if cfg.name == "adamw" else torch.optim.Adam
+    return optimizer_class(groups, lr=cfg.lr, betas=tuple(cfg.betas))
 
 
 def lr_factor(

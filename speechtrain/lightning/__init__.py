@@ -17,7 +17,8 @@ from speechtrain.lightning.callbacks import (
 )
 from speechtrain.lightning.megatron_parallel import MegatronParallel
 from speechtrain.lightning.noise import silence_upstream_noise
-from speechtrain.lightning.precision import DynamicLossScaler, MegatronMixedPrecision
+from speechtrain.lightning.optimizer import MegatronOptimizer
+from speechtrain.lightning.precision import MegatronMixedPrecision
 from speechtrain.lightning.settings import SPEECHTRAIN_DATASETS_CACHE, SPEECHTRAIN_HOME, SPEECHTRAIN_MODELS_CACHE
 from speechtrain.lightning.slurm import is_slurm_interactive_mode, patch_slurm_interactive_mode
 from speechtrain.lightning.strategy import MegatronStrategy
@@ -36,8 +37,8 @@ __all__ = [
     "SPEECHTRAIN_MODELS_CACHE",
     "BaseCallback",
     "CallbackGroup",
-    "DynamicLossScaler",
     "MegatronMixedPrecision",
+    "MegatronOptimizer",
     "MegatronParallel",
     "MegatronStrategy",
     "TelemetryCallback",

@@ -1,18 +1,23 @@
 """Runs that survive preemption and numerical faults.
 
 * :class:`PreemptionCallback` (registered by ``exp_manager``; NeMo's ``create_preemption_callback``): on SIGTERM
-  or SIGUSR1 (SLURM's warning signals) the run finishes the current step, every rank agrees at the step boundary,
+  or SIGUSR1 (SLURM's warning signals) the run finishes the current step, every rank agrees at a step boundary,
   the ``last`` checkpoint is written and training stops; :func:`exit_if_preempted` then ends the process with
   :data:`PREEMPTED_EXIT_CODE` on global rank 0 (75, ``EX_TEMPFAIL``: "try again"), which a job script turns into a
-  requeue. Started again with ``exp_manager.resume_if_exists=true``, the run continues from that checkpoint.
-* :class:`NonFiniteGuard` (owned by ``MegatronStrategy``): a step whose loss or gradients are not finite on any
-  rank is skipped on every rank (no optimizer update, batch-norm statistics restored), counted and logged with
-  the cut IDs of the batch; after
-  ``max_consecutive`` such steps in a row the last good state is checkpointed and :class:`NonFiniteLossError`
-  stops the run. Under fp16 the loss scaler owns overflowing gradients; only a non-finite loss counts there.
+  requeue. Started again with ``exp_manager.resume_if_exists=true``, the run continues from that checkpoint. The
+  ranks agree through one tiny all-reduce (a host sync) every ``check_interval`` steps (default 10), not every
+  step; a single process looks at its own flag after every step.
+* :class:`NonFiniteGuard` (owned by ``MegatronStrategy``): a step whose loss or gradient norm is not finite is
+  skipped on every rank (no optimizer update, batch-norm statistics restored), counted and logged with the cut
+  IDs of the batch; after ``max_consecutive`` such steps in a row the last good state is checkpointed and
+  :class:`NonFiniteLossError` stops the run. The decision costs no collective and no extra pass over the
+  gradients: it reads the global gradient norm that Megatron's optimizer computes anyway (reduced over the
+  model-parallel ranks) and the step's loss (reduced over the data-parallel ranks), which are the same numbers on
+  every rank. Under fp16 the loss scaler skips overflowing steps first.
 """
 
 import logging
+import math
 import signal
 import sys
 from pathlib import Path
@@ -31,9 +36,10 @@ def _any_rank(flag: bool, group: Any = None) -> bool:
     """True when ``flag`` is set on any rank of ``group`` (the world by default): a collective call."""
     if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
         return flag
-    value = torch.tensor([1.0 if flag else 0.0])
-    if torch.distributed.get_backend(group) == "nccl":
-        value = value.cuda()
+    device = (
+        torch.device("cuda", torch.cuda.current_device()) if torch.distributed.get_backend(group) == "nccl" else None
+    )
+    value = torch.tensor([1.0 if flag else 0.0], device=device)
     torch.distributed.all_reduce(value, op=torch.distributed.ReduceOp.MAX, group=group)
     return bool(value.item() > 0)
 
@@ -57,10 +63,14 @@ class PreemptionCallback(pl.Callback):
 
     Args:
         signals: names of the signals that mean "you are about to be preempted".
+        check_interval: in a distributed run, the ranks compare their flags every this many steps.
     """
 
-    def __init__(self, signals: tuple[str, ...] = PREEMPTION_SIGNALS) -> None:
+    def __init__(self, signals: tuple[str, ...] = PREEMPTION_SIGNALS, check_interval: int = 10) -> None:
+        if check_interval < 1:
+            raise ValueError(f"PreemptionCallback: check_interval must be >= 1, got {check_interval}.")
         self.signals = [getattr(signal, name) for name in signals]
+        self.check_interval = check_interval
         self.received: int | None = None
         self.preempted = False
         self.checkpoint: Path | None = None
@@ -86,6 +96,8 @@ class PreemptionCallback(pl.Callback):
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: Any, **kwargs: Any
     ) -> None:
+        if trainer.world_size > 1 and trainer.global_step % self.check_interval:
+            return
         if not _any_rank(self.received is not None):
             return
         self.checkpoint = save_resume_checkpoint(trainer, "preempted.ckpt")
@@ -116,7 +128,10 @@ class NonFiniteLossError(RuntimeError):
 
 
 class NonFiniteGuard:
-    """Decides, after forward and backward, whether a step may update the weights (see the module docstring).
+    """Decides, from the step's loss and gradient norm, whether it may update the weights (see module docstring).
+
+    The strategy calls :meth:`before_step` when an optimizer step's first batch starts, :meth:`observe` with each
+    batch's reduced loss, and the optimizer calls :meth:`check` with the global gradient norm.
 
     Args:
         max_consecutive: stop after this many skipped steps in a row (0: never skip; a non-finite step then
@@ -129,43 +144,47 @@ class NonFiniteGuard:
         self.max_consecutive = max_consecutive
         self.consecutive = 0
         self.total = 0
-        self._norm_stats: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self._norm_buffers: list[torch.Tensor] | None = None  # found once, at the first step
+        self._norm_saved: list[torch.Tensor] = []
+        self._losses: list[torch.Tensor] = []
+        self._ids: list[Any] = []
 
     def before_step(self, module: torch.nn.Module) -> None:
         """Remember the batch-norm running statistics: a skipped step's forward pass (NaN activations) would
-        otherwise poison them, and every later evaluation with them."""
+        otherwise poison them, and every later evaluation with them. One fused copy, no Python loop per step."""
+        self._losses, self._ids = [], []
         if self.max_consecutive == 0:
             return
-        norms = [m for m in module.modules() if isinstance(m, torch.nn.modules.batchnorm._NormBase)]
-        self._norm_stats = [(b, b.detach().clone()) for m in norms for b in m.buffers(recurse=False)]
+        if self._norm_buffers is None:
+            norms = [m for m in module.modules() if isinstance(m, torch.nn.modules.batchnorm._NormBase)]
+            self._norm_buffers = [b for m in norms for b in m.buffers(recurse=False) if b.is_floating_point()]
+            self._norm_saved = [b.detach().clone() for b in self._norm_buffers]
+        elif self._norm_buffers:
+            torch._foreach_copy_(self._norm_saved, self._norm_buffers)
 
-    @staticmethod
-    def _finite(loss: torch.Tensor, parameters: list[torch.nn.Parameter], check_grads: bool) -> bool:
-        if not bool(torch.isfinite(loss).all()):
-            return False
-        if not check_grads:
-            return True
-        grads = [p.grad for p in parameters if p.grad is not None]
-        return not grads or bool(torch.isfinite(torch.stack(torch._foreach_norm(grads))).all())
+    def observe(self, loss: torch.Tensor, batch: Any) -> None:
+        """One batch of the step: its loss (already reduced over the data-parallel ranks) and cut IDs."""
+        self._losses.append(loss.detach())
+        if isinstance(batch, dict):
+            self._ids.extend(batch.get("ids", []))
 
-    def check(self, trainer: pl.Trainer, module: torch.nn.Module, loss: torch.Tensor, batch: Any,
-              check_grads: bool = True) -> bool:  # fmt: skip
-        """True when this step may update the weights. Otherwise the gradients are dropped, the step is counted
-        and logged, and after ``max_consecutive`` in a row the last good state is saved and
-        :class:`NonFiniteLossError` raised. A collective call on all ranks."""
+    def check(self, trainer: pl.Trainer, module: torch.nn.Module, grad_norm: float) -> bool:
+        """True when this step may update the weights. Otherwise the step is counted and logged, the batch-norm
+        statistics are restored, and after ``max_consecutive`` in a row the last good state is saved and
+        :class:`NonFiniteLossError` raised. The same answer on every rank, without a collective."""
         if self.max_consecutive == 0:
             return True
-        bad = _any_rank(not self._finite(loss, list(module.parameters()), check_grads))
-        if not bad:
+        # The norm's host sync has drained the stream: reading the (earlier) loss costs no further wait.
+        finite_loss = bool(torch.isfinite(torch.stack(self._losses)).all()) if self._losses else True
+        if math.isfinite(grad_norm) and finite_loss:
             self.consecutive = 0
             return True
         self.consecutive += 1
         self.total += 1
-        module.zero_grad(set_to_none=True)
-        with torch.no_grad():
-            for buffer, saved in self._norm_stats:
-                buffer.copy_(saved)
-        ids = list(batch.get("ids", [])) if isinstance(batch, dict) else []
+        if self._norm_buffers:
+            with torch.no_grad():
+                torch._foreach_copy_(self._norm_buffers, self._norm_saved)
+        ids = list(self._ids)
         shown = ", ".join(map(str, ids[:20])) + (f" ... ({len(ids)} in all)" if len(ids) > 20 else "")
         logger.warning("Step %d: non-finite loss or gradients; the optimizer step is skipped (%d in a row, %d in "
                        "this run). Cuts in this rank's batch: %s", trainer.global_step, self.consecutive, self.total,

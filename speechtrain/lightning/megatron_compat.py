@@ -2,16 +2,24 @@
 
 Megatron Core assumes CUDA in a few places that a CPU run (tests, laptops, CI) reaches:
 
-- the pipeline schedules, point-to-point communication and the tensor-parallel gather/scatter mappings create
-  tensors with ``device="cuda"`` or ``torch.cuda.current_device()``, call ``torch.cuda.synchronize()`` and
-  autocast for ``"cuda"``;
+- the pipeline schedules, point-to-point communication, the tensor-parallel mappings, the DDP gradient buffers
+  and the optimizers create tensors with ``device="cuda"`` or ``torch.cuda.current_device()`` and call
+  ``torch.cuda.synchronize()``;
+- the mixed-precision and distributed optimizers accept only parameters whose ``type()`` names a CUDA tensor,
+  gradient clipping asserts CUDA gradients, and the loss scaler moves its state with ``.cuda()``;
+- without apex or transformer-engine, the gradient norm falls back to a per-tensor loop with a host sync per
+  tensor;
 - its model-parallel RNG tracker stores and swaps CUDA generator states;
 - the GPT model's rotary embedding, attention buffers, default causal mask and inference KV cache allocate on
   ``torch.cuda.current_device()`` or ``"cuda"``.
 
-When CUDA is absent, :func:`import_megatron` gives those modules a view of ``torch`` in which ``cuda`` means the
-CPU, and :func:`model_parallel_manual_seed` / :func:`model_parallel_rng` use a CPU tracker with Megatron's
-seeding rules. With CUDA present nothing is changed. No other speechtrain module touches Megatron's internals.
+:func:`use_device` decides by the device the run trains on (the strategy's root device, so
+``trainer.accelerator=cpu`` on a GPU node works too): for ``cpu`` the modules above see a ``torch`` in which
+``cuda`` means the CPU, CPU tensors pass the type checks while an optimizer is built, the norm and clipping use
+fused ``torch._foreach`` kernels, and :func:`model_parallel_manual_seed` / :func:`model_parallel_rng` use a CPU
+tracker with Megatron's seeding rules. For ``cuda`` every original is restored: nothing is changed. Without a
+strategy (scripts, tests) the default is the CPU when CUDA is absent. No other speechtrain module touches
+Megatron's internals.
 
 Megatron also warns at import time when neither transformer-engine nor Apex is installed (always the case on
 CPU); those warnings are silenced here, since the fallbacks they announce are the intended CPU path.
@@ -30,6 +38,13 @@ _PATCHED_MODULES = (
     "megatron.core.pipeline_parallel.schedules",
     "megatron.core.pipeline_parallel.p2p_communication",
     "megatron.core.tensor_parallel.mappings",  # gather/scatter buffers (gather_output, sequence parallel)
+    # the engine: DDP's contiguous gradient buffers, the optimizers, the loss scaler, clipping
+    "megatron.core.distributed.param_and_grad_buffer",
+    "megatron.core.distributed.distributed_data_parallel",
+    "megatron.core.optimizer.optimizer",
+    "megatron.core.optimizer.distrib_optimizer",
+    "megatron.core.optimizer.grad_scaler",
+    "megatron.core.optimizer.clip_grads",
     # the GPT model (local layer spec): rotary tables, the attention matmul buffer, the default causal mask,
     # the KV cache of static-batch inference
     "megatron.core.utils",
@@ -38,16 +53,23 @@ _PATCHED_MODULES = (
     "megatron.core.transformer.attention",
     "megatron.core.inference.contexts.static_context",
 )
-_state: dict[str, Any] = {"imported": False, "tracker": None}
+_MISSING = object()
+_state: dict[str, Any] = {"imported": False, "cpu": None, "tracker": None, "originals": {}}
 
 
 def cuda_available() -> bool:
-    """Whether Megatron can run on CUDA here."""
+    """Whether CUDA exists on this machine (not whether the run uses it: see :func:`on_cpu`)."""
     return torch.cuda.is_available()
 
 
+def on_cpu() -> bool:
+    """Whether Megatron runs on the CPU in this process (chosen by :func:`use_device`; before that, whether CUDA
+    is absent). Never imports Megatron."""
+    return _state["cpu"] if _state["cpu"] is not None else not cuda_available()
+
+
 class _CpuCuda:
-    """``torch.cuda`` as Megatron's schedules see it on a machine without CUDA."""
+    """``torch.cuda`` as Megatron's modules see it in a CPU run."""
 
     @staticmethod
     def current_device() -> torch.device:
@@ -70,7 +92,7 @@ def _cpu_device(device: Any) -> Any:
 
 
 class _CpuTorch(types.ModuleType):
-    """``torch`` for Megatron modules on a machine without CUDA: ``cuda`` devices become the CPU."""
+    """``torch`` for Megatron modules in a CPU run: ``cuda`` devices become the CPU."""
 
     def __init__(self) -> None:
         super().__init__("torch")
@@ -104,14 +126,102 @@ class _CpuTorch(types.ModuleType):
         return torch.autocast("cpu" if device_type == "cuda" else device_type, *args, **kwargs)
 
 
+# ----------------------------------------------------------------------------------- CPU versions of kernels
+def _foreach_l2_norm(chunk_size: int, noop_flag: Any, tensor_lists: list, per_tensor: bool, *args: Any) -> tuple:
+    """``amp_C.multi_tensor_l2norm`` with one fused ``_foreach_norm`` (Megatron's fallback syncs per tensor)."""
+    tensors = tensor_lists[0]
+    if not tensors:
+        return torch.zeros(1), None
+    norms = torch._foreach_norm([t.float() if t.dtype != torch.float32 else t for t in tensors])
+    return torch.linalg.vector_norm(torch.stack(norms)).reshape(1), None
+
+
+def _clip_grad_by_total_norm_fp32(
+    parameters: Any, max_norm: float, total_norm: float, use_decoupled_grad: bool = False
+) -> None:
+    """Megatron's clipping by a known total norm, without its CUDA type assertion, as one fused scale."""
+    attribute = "decoupled_grad" if use_decoupled_grad else "grad"
+    grads = [getattr(p, attribute).detach() for p in parameters if getattr(p, attribute, None) is not None]
+    coefficient = max_norm / (total_norm + 1.0e-6)
+    if coefficient < 1.0 and grads:
+        torch._foreach_mul_(grads, coefficient)
+
+
+def _load_scaler_state(self: Any, state_dict: dict) -> None:
+    """``DynamicGradScaler.load_state_dict`` onto the scaler's own device (the original calls ``.cuda()``)."""
+    self._scale = state_dict["scale"].to(self.min_scale.device)
+    self._growth_tracker = state_dict["growth_tracker"]
+    self._hysteresis_tracker = state_dict["hysteresis_tracker"]
+
+
+def _cpu_replacements() -> list[tuple[Any, str, Any]]:
+    """(object, attribute, CPU value) for everything a CPU run swaps besides the modules' ``torch``."""
+    clip_grads = importlib.import_module("megatron.core.optimizer.clip_grads")
+    optimizer = importlib.import_module("megatron.core.optimizer.optimizer")
+    grad_scaler = importlib.import_module("megatron.core.optimizer.grad_scaler")
+    cpu_torch = _CpuTorch()
+    return [
+        *((importlib.import_module(name), "torch", cpu_torch) for name in _PATCHED_MODULES),
+        (clip_grads, "l2_norm_impl", _foreach_l2_norm),
+        (clip_grads, "multi_tensor_applier", lambda op, flag, lists, *args: op(2048 * 32, flag, lists, *args)),
+        (clip_grads, "clip_grad_by_total_norm_fp32", _clip_grad_by_total_norm_fp32),
+        (optimizer, "clip_grad_by_total_norm_fp32", _clip_grad_by_total_norm_fp32),
+        (grad_scaler.DynamicGradScaler, "load_state_dict", _load_scaler_state),
+    ]
+
+
+def use_device(device: torch.device | str) -> None:
+    """Run Megatron on ``device``'s type: CPU adaptations on for ``cpu``, every original back for ``cuda``."""
+    import_megatron()
+    cpu = torch.device(device).type == "cpu"
+    if cpu == _state["cpu"]:
+        return
+    originals = _state["originals"]
+    for target, name, value in _cpu_replacements():
+        key = (id(target), name)
+        if cpu:
+            originals.setdefault(key, (target, name, getattr(target, name, _MISSING)))
+            setattr(target, name, value)
+        elif key in originals and originals[key][2] is _MISSING:
+            delattr(target, name)
+        elif key in originals:
+            setattr(target, name, originals[key][2])
+    _state["cpu"] = cpu
+
+
+@contextlib.contextmanager
+def building_optimizer() -> Iterator[None]:
+    """Around ``get_megatron_optimizer``: in a CPU run, CPU tensors answer ``type()`` with the CUDA names
+    (``torch.cuda.FloatTensor`` ...) that Megatron's optimizers check parameters against. Nothing on CUDA."""
+    if not on_cpu():
+        yield
+        return
+    original = torch.Tensor.type
+
+    def type_(self: torch.Tensor, dtype: Any = None, non_blocking: bool = False, **kwargs: Any) -> Any:
+        if dtype is None and not kwargs and self.device.type == "cpu":
+            return original(self).replace("torch.", "torch.cuda.", 1)
+        return original(self, dtype, non_blocking, **kwargs)
+
+    torch.Tensor.type = type_
+    try:
+        yield
+    finally:
+        torch.Tensor.type = original
+
+
 def import_megatron() -> types.ModuleType:
-    """Import ``megatron.core`` quietly, adapting it to the CPU when CUDA is absent. Idempotent."""
+    """Import ``megatron.core`` quietly; the first call adapts it to the CPU when CUDA is absent. Idempotent."""
     if not _state["imported"]:
         # Announcements of the CPU fallbacks (no transformer-engine / Apex), made at import and on first use.
         warnings.filterwarnings("ignore", message=".*Transformer Engine and Apex are not installed.*")
         warnings.filterwarnings("ignore", message=".*Apex is not installed.*")
         warnings.filterwarnings("ignore", message=".*transformer_engine.*", category=UserWarning)
+        warnings.filterwarnings("ignore", message=".*Falling back to local implementations.*")
+        warnings.filterwarnings("ignore", message=".*Falling back to Torch optimizers.*")
         import megatron.core  # noqa: F401
+        import megatron.core.distributed  # noqa: F401
+        import megatron.core.optimizer  # noqa: F401
         import megatron.core.pipeline_parallel.schedules  # noqa: F401
         import megatron.core.tensor_parallel  # noqa: F401
 
@@ -123,11 +233,9 @@ def import_megatron() -> types.ModuleType:
                        "dynamic_context.py"):  # fmt: skip
             warnings.filterwarnings("ignore", message=f".*{notice}.*", category=DeprecationWarning)
         _tolerate_foreign_decoders()
-        if not cuda_available():
-            cpu_torch = _CpuTorch()
-            for name in _PATCHED_MODULES:
-                importlib.import_module(name).torch = cpu_torch
+        _torch_optimizer_step_state()
         _state["imported"] = True
+        use_device("cpu" if not cuda_available() else "cuda")
     return importlib.import_module("megatron.core")
 
 
@@ -143,6 +251,41 @@ def _tolerate_foreign_decoders() -> None:
             pass
 
     schedules.set_current_microbatch = set_current_microbatch
+
+
+def _torch_optimizer_step_state() -> None:
+    """Without apex / transformer-engine, Megatron's ``DistributedOptimizer`` wraps torch's Adam, whose per-parameter
+    state has a ``step`` tensor that Megatron's checkpoint of the shards leaves out. Two fixes for that path (CPU
+    runs, or GPUs without the ``gpu`` extra): loading the shards copies only the tensors the checkpoint has, and
+    every parameter gets its own ``step`` tensor back (Megatron hands all of them one shared tensor, which torch's
+    foreach Adam would then advance once per parameter)."""
+    distrib = importlib.import_module("megatron.core.optimizer.distrib_optimizer")
+    if distrib.HAVE_APEX_OR_TE:
+        return
+    optimizer_class = distrib.DistributedOptimizer
+    original_load = optimizer_class.load_state_dict
+
+    def set_states(self: Any, model_param: torch.nn.Parameter, tensors: dict[str, torch.Tensor]) -> None:
+        group_index, group_order = self.model_param_group_index_map[model_param]
+        main_param = self.optimizer.param_groups[group_index]["params"][group_order]
+        for key, destination in {"param": main_param, **self.optimizer.state[main_param]}.items():
+            if key in tensors:
+                destination.copy_(tensors[key])
+
+    def load_state_dict(self: Any, state_dict: dict) -> None:
+        original_load(self, state_dict)
+        for state in self.optimizer.state.values():
+            if isinstance(state.get("step"), torch.Tensor):
+                state["step"] = state["step"].clone()
+
+    if not getattr(optimizer_class, "_speechtrain_step_state", False):
+        if not optimizer_class.__dict__.get("_set_main_param_and_optimizer_states"):
+            raise RuntimeError(
+                "megatron-core changed: DistributedOptimizer has no _set_main_param_and_optimizer_states"
+            )
+        optimizer_class._set_main_param_and_optimizer_states = set_states
+        optimizer_class.load_state_dict = load_state_dict
+        optimizer_class._speechtrain_step_state = True
 
 
 class CpuRNGStatesTracker:
@@ -189,7 +332,7 @@ def model_parallel_manual_seed(seed: int) -> None:
     import_megatron()
     from megatron.core import parallel_state, tensor_parallel
 
-    if cuda_available():
+    if not on_cpu():
         tensor_parallel.model_parallel_cuda_manual_seed(seed)
         return
     tracker = CpuRNGStatesTracker()
@@ -205,7 +348,7 @@ def model_parallel_manual_seed(seed: int) -> None:
 
 def model_parallel_rng() -> contextlib.AbstractContextManager:
     """A context in which random ops (dropout inside tensor-parallel regions) use the model-parallel stream."""
-    if cuda_available():
+    if not on_cpu():
         from megatron.core.tensor_parallel import get_cuda_rng_tracker
 
         return get_cuda_rng_tracker().fork()
@@ -216,7 +359,7 @@ def model_parallel_rng() -> contextlib.AbstractContextManager:
 
 def rng_tracker_states() -> dict[str, torch.Tensor]:
     """The model-parallel RNG streams, for checkpoints."""
-    if cuda_available():
+    if not on_cpu():
         from megatron.core.tensor_parallel import get_cuda_rng_tracker
 
         return get_cuda_rng_tracker().get_states()
@@ -225,7 +368,7 @@ def rng_tracker_states() -> dict[str, torch.Tensor]:
 
 def set_rng_tracker_states(states: dict[str, torch.Tensor]) -> None:
     """Restore what :func:`rng_tracker_states` returned."""
-    if cuda_available():
+    if not on_cpu():
         from megatron.core.tensor_parallel import get_cuda_rng_tracker
 
         get_cuda_rng_tracker().set_states(states)

@@ -1,4 +1,4 @@
-"""``MegatronParallel``: runs a speechtrain model's steps through Megatron Core's pipeline schedules.
+"""``MegatronParallel``: runs a speechtrain model's steps on Megatron Core's engine.
 
 A model that trains under :class:`~speechtrain.lightning.MegatronStrategy` describes one micro-batch step in
 two parts, which is what lets the same model run with and without pipeline parallelism:
@@ -8,21 +8,39 @@ two parts, which is what lets the same model run with and without pipeline paral
 - ``loss_step(batch, output) -> (loss_sum, num_tokens)``: the summed loss of the micro-batch and the number of
   tokens (or frames, or utterances) it is summed over.
 
-The global batch that one data-parallel rank receives is split into micro-batches (``micro_batch_size``); the
-reported and optimised loss is ``sum(loss_sum) / sum(num_tokens)`` over all micro-batches and data-parallel
-ranks, exactly as one process would compute it over the whole global batch. Gradients are summed over
-micro-batches and data-parallel ranks in one flat buffer per dtype, then divided by the global token count.
+The model is wrapped in Megatron Core's ``DistributedDataParallel`` (gradients accumulate in one contiguous fp32
+buffer per dtype, reduced over the data-parallel group by all-reduce, or reduce-scatter under the distributed
+optimizer) and each step runs Megatron's forward/backward schedule, which ends in ``finalize_model_grads``. The
+global batch that one data-parallel rank receives is split into micro-batches (``micro_batch_size``), and
+``trainer.accumulate_grad_batches`` loader batches make one optimizer step; the optimised loss is
+``sum(loss_sum) / sum(num_tokens)`` over all micro-batches, accumulated batches and data-parallel ranks, exactly
+as one process would compute it over the whole window.
+
+Every rank issues the same collectives in the same order whatever its data: the gradient buckets are reduced in
+``finalize_model_grads`` in their fixed order (``overlap_grad_reduce`` off, the default), then the token count,
+then the reported loss; a rank whose batch is empty (every utterance skipped) or whose parameters partly got no
+gradient (a text-only SALM batch) contributes zeros to the same calls. ``overlap_grad_reduce=True`` launches each
+bucket as soon as its gradients are ready, overlapping communication with backward; Megatron then requires every
+trainable parameter to receive a gradient in every step on every rank, so it is for models without
+data-dependent branches.
 """
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from functools import partial
 from typing import Any
 
 import torch
 
 from speechtrain.lightning import parallel_state
-from speechtrain.lightning.grad_buckets import GradientBuckets
 from speechtrain.lightning.megatron_compat import import_megatron
+
+_active: dict[str, "MegatronParallel | None"] = {"engine": None}
+
+
+def active_engine() -> "MegatronParallel | None":
+    """The engine of the run in progress (set by ``MegatronStrategy`` while it trains), else None."""
+    return _active["engine"]
 
 
 def split_micro_batches(batch: Any, micro_batch_size: int | None) -> list[Any]:
@@ -60,30 +78,36 @@ def _slice(batch: Any, start: int, end: int) -> Any:
     return batch
 
 
-def global_token_count(num_tokens: torch.Tensor | None) -> torch.Tensor:
-    """The token count of the whole global batch (only the last pipeline stage counted; all ranks learn it)."""
-    total = torch.zeros((), dtype=torch.float64) if num_tokens is None else num_tokens.detach().double().reshape(())
-    total = parallel_state.all_reduce(total, parallel_state.pipeline_parallel_group())
-    return parallel_state.all_reduce(total, parallel_state.data_parallel_group())
+def is_empty_batch(batch: Any) -> bool:
+    """A batch in which every utterance was skipped by the dataset (it still takes part in the collectives)."""
+    return batch is None or (isinstance(batch, dict) and "ids" in batch and not batch["ids"])
 
 
 class MegatronParallel:
-    """Drives one model chunk through Megatron's forward/backward schedule (see module docstring).
+    """Drives one model chunk through Megatron Core's DDP and schedules (see module docstring).
 
     Args:
         module: the LightningModule (this rank's pipeline stage); it must define ``forward_step``, ``loss_step``
-            and ``set_input_tensor``.
+            and ``set_input_tensor``. Its parameters must be on their final device and dtype.
+        device: the device the run trains on (bridge tensors such as token counts are made there).
         micro_batch_size: micro-batch size (None: the whole batch is one micro-batch).
-        grad_scale_func: multiplies the loss before backward (fp16 loss scaling), or None.
         pipeline_dtype: dtype of activations sent between pipeline stages.
+        overlap_grad_reduce: reduce gradient buckets during backward (see module docstring).
+        use_distributed_optimizer: shard the gradient buffer for Megatron's ``DistributedOptimizer``.
+        grad_reduce_in_fp32: accumulate and reduce gradients in fp32 whatever the parameter dtype.
+        bucket_size: elements per gradient bucket under ``overlap_grad_reduce`` (None: Megatron's default).
     """
 
     def __init__(
         self,
         module: torch.nn.Module,
+        device: torch.device,
         micro_batch_size: int | None = None,
-        grad_scale_func: Callable[[torch.Tensor], torch.Tensor] | None = None,
         pipeline_dtype: torch.dtype = torch.float32,
+        overlap_grad_reduce: bool = False,
+        use_distributed_optimizer: bool = False,
+        grad_reduce_in_fp32: bool = True,
+        bucket_size: int | None = None,
     ) -> None:
         for name in ("forward_step", "loss_step", "set_input_tensor"):
             if not callable(getattr(module, name, None)):
@@ -92,14 +116,17 @@ class MegatronParallel:
                     "(see speechtrain.lightning.megatron_parallel for the contract)."
                 )
         import_megatron()
+        from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
         from megatron.core.enums import ModelType
         from megatron.core.transformer import TransformerConfig
 
         self.module = module
+        self.device = torch.device(device)
         self.micro_batch_size = micro_batch_size
+        self.use_distributed_optimizer = use_distributed_optimizer
         # The schedules read their settings from a TransformerConfig; the layer sizes in it are placeholders.
         tp, pp = parallel_state.tensor_parallel_world_size(), parallel_state.pipeline_parallel_world_size()
-        config = TransformerConfig(
+        self.config = TransformerConfig(
             num_layers=pp,
             hidden_size=8 * tp,
             num_attention_heads=tp,
@@ -110,56 +137,114 @@ class MegatronParallel:
             moe_token_dispatcher_type="alltoall",  # (unused: no experts) the default refuses variable lengths
             deallocate_pipeline_outputs=False,
             calculate_per_token_loss=True,
-            finalize_model_grads_func=self._finalize_grads,
-            grad_scale_func=grad_scale_func,
+            finalize_model_grads_func=self._finalize,
         )
-        self.buckets = GradientBuckets(module, parallel_state.data_parallel_group())
-        config.no_sync_func = self.buckets.no_sync
-        module.config = config
+        module.config = self.config
         module.model_type = ModelType.encoder_or_decoder
+        # finalize_model_grads looks for tied embeddings between pipeline stages; our models have none.
+        for name, value in (("pre_process", parallel_state.is_pipeline_first_stage()),
+                            ("share_embeddings_and_output_weights", False)):  # fmt: skip
+            if not hasattr(module, name):
+                setattr(module, name, value)
+        ddp_config = DistributedDataParallelConfig(
+            grad_reduce_in_fp32=grad_reduce_in_fp32,
+            overlap_grad_reduce=overlap_grad_reduce,
+            use_distributed_optimizer=use_distributed_optimizer,
+            bucket_size=bucket_size,
+        )
+        self.ddp = DistributedDataParallel(self.config, ddp_config, module)
+        self.config.no_sync_func = self._no_sync
+        self._accumulating = False  # this batch is not the last of an accumulation window
+        self._window_tokens: torch.Tensor | None = None  # tokens of the window's earlier batches
 
-    def _finalize_grads(self, model: list[torch.nn.Module], num_tokens: torch.Tensor | None, **_: Any) -> None:
-        self.buckets.finish(global_token_count(num_tokens))
+    # ------------------------------------------------------------------------------------------- the optimizer
+    def build_optimizer(self, **settings: Any) -> Any:
+        """Megatron's optimizer over this engine's model chunk (see :class:`speechtrain.lightning.optimizer`)."""
+        from speechtrain.lightning.optimizer import MegatronOptimizer
 
+        return MegatronOptimizer.build(self, **settings)
+
+    # -------------------------------------------------------------------------------------- gradient handling
+    def start_window(self) -> None:
+        """Zero the gradient buffers before the first batch of an optimizer step."""
+        self.ddp.zero_grad_buffer()
+        self._window_tokens = None
+
+    @contextlib.contextmanager
+    def _no_sync(self) -> Iterator[None]:
+        """The schedules' ``no_sync``: all micro-batches but the last only accumulate. Inside an accumulation
+        window the last micro-batch of a loader batch only accumulates too."""
+        with self.ddp.no_sync():
+            yield
+        if self._accumulating:
+            for group in self.ddp.bucket_groups + self.ddp.expert_parallel_bucket_groups:
+                group.is_last_microbatch = False
+
+    def _finalize(self, model: list[torch.nn.Module], num_tokens: torch.Tensor | None, **kwargs: Any) -> None:
+        """Megatron's ``finalize_model_grads`` at the end of a window (reduce over DP, divide by the window's
+        tokens); inside a window only the token count is carried to the next batch."""
+        from megatron.core.distributed import finalize_model_grads
+
+        tokens = self._tokens(num_tokens)
+        if self._accumulating:
+            self._window_tokens = tokens
+            return
+        finalize_model_grads(model, num_tokens=tokens, **kwargs)
+
+    def _tokens(self, num_tokens: torch.Tensor | None) -> torch.Tensor:
+        tokens = torch.zeros((), dtype=torch.int, device=self.device) if num_tokens is None else num_tokens
+        return tokens if self._window_tokens is None else tokens + self._window_tokens
+
+    # ------------------------------------------------------------------------------------------------ a step
     @staticmethod
     def _loss_func(module: torch.nn.Module, batch: Any, output: torch.Tensor) -> tuple:
         loss_sum, num_tokens = module.loss_step(batch, output)
-        num_tokens = torch.as_tensor(num_tokens, dtype=torch.int).reshape(())
+        num_tokens = torch.as_tensor(num_tokens).to(device=loss_sum.device, dtype=torch.int).reshape(())
         return loss_sum, num_tokens, {"loss_sum": loss_sum.detach().float(), "num_tokens": num_tokens}
 
     def _forward_step(self, data_iterator: Any, model: torch.nn.Module) -> tuple:
         batch = next(data_iterator)
-        return model.forward_step(batch), partial(self._loss_func, model, batch)
+        return self.module.forward_step(batch), partial(self._loss_func, self.module, batch)
 
-    def run(self, batch: Any, forward_only: bool) -> torch.Tensor:
+    def run(self, batch: Any, forward_only: bool, last_in_window: bool = True) -> torch.Tensor:
         """Forward (and backward unless ``forward_only``) over the micro-batches of ``batch``.
 
+        Args:
+            batch: this data-parallel rank's batch.
+            forward_only: validation (no gradients, no gradient collectives).
+            last_in_window: False for a training batch whose gradients accumulate into the next batch's step
+                (``accumulate_grad_batches``): no data-parallel reduction yet.
+
         Returns:
-            The loss per token over the global batch (all micro-batches and data-parallel ranks), identical on
-            every rank.
+            The loss per token of this batch over all data-parallel ranks, identical on every rank.
         """
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
-        if batch is None or (isinstance(batch, dict) and "ids" in batch and not batch["ids"]):
+        self._accumulating = not (forward_only or last_in_window)
+        sums = torch.zeros(2, dtype=torch.float64, device=self.device)  # loss_sum, num_tokens (last stage only)
+        if is_empty_batch(batch):
             # Every utterance of this rank's batch was unreadable (skipped and counted by the dataset). The rank
-            # still takes part in the collectives, contributing nothing.
+            # takes part in the same collectives as the others, contributing nothing.
             if not forward_only:
-                self.buckets.finish(global_token_count(None))
-            return self._reduce_loss(torch.zeros(2, dtype=torch.float64))
+                self._finalize([self.ddp], None)
+            return self._reduce_loss(sums)
         micro_batches = split_micro_batches(batch, self.micro_batch_size)
-        self.buckets.start()
         results = get_forward_backward_func()(
             forward_step_func=self._forward_step,
             data_iterator=iter(micro_batches),
-            model=[self.module],
+            model=[self.ddp],
             num_microbatches=len(micro_batches),
             seq_length=0,
             micro_batch_size=0,
             forward_only=forward_only,
         )
-        sums = torch.zeros(2, dtype=torch.float64)  # loss_sum, num_tokens; nonzero only on the last stage
-        for item in results:
-            sums += torch.stack([item["loss_sum"].double().reshape(()), item["num_tokens"].double().reshape(())])
+        if results:
+            sums = torch.stack(
+                [
+                    torch.stack([item["loss_sum"].double().reshape(()), item["num_tokens"].double().reshape(())])
+                    for item in results
+                ]
+            ).sum(0)
         return self._reduce_loss(sums)
 
     @staticmethod
@@ -168,3 +253,18 @@ class MegatronParallel:
         sums = parallel_state.all_reduce(sums, parallel_state.pipeline_parallel_group())
         sums = parallel_state.all_reduce(sums, parallel_state.data_parallel_group())
         return (sums[0] / sums[1].clamp(min=1)).float()
+
+    def set_grad_scale_func(self, func: Callable[[torch.Tensor], torch.Tensor] | None) -> None:
+        """Multiply the loss before backward (fp16 loss scaling; Megatron's schedules call it)."""
+        self.config.grad_scale_func = func
+
+    def activate(self) -> None:
+        _active["engine"] = self
+
+    def release(self) -> None:
+        """Forget this engine. Megatron's DDP keeps no handles to its gradient hooks; emptying its parameter map
+        turns them into no-ops, so that a later engine over the same parameters (a second ``fit``) is the only
+        one that collects their gradients."""
+        self.ddp.param_to_bucket_group = {}
+        if _active["engine"] is self:
+            _active["engine"] = None

@@ -15,8 +15,9 @@ from lightning.pytorch.strategies import DDPStrategy
 from speechtrain.lightning import checkpoint as sharded
 from speechtrain.lightning import parallel_state
 from speechtrain.lightning.fault_tolerance import NonFiniteGuard
-from speechtrain.lightning.megatron_compat import import_megatron, model_parallel_manual_seed
+from speechtrain.lightning.megatron_compat import import_megatron, model_parallel_manual_seed, use_device
 from speechtrain.lightning.megatron_parallel import MegatronParallel
+from speechtrain.lightning.optimizer import MegatronOptimizer
 from speechtrain.lightning.precision import MegatronMixedPrecision
 
 logger = logging.getLogger(__name__)
@@ -27,7 +28,7 @@ def _gradients_zeroed_by_the_schedule(*args: Any, **kwargs: Any) -> None:
 
 
 class MegatronStrategy(DDPStrategy):
-    """Train speechtrain models with tensor, pipeline and data parallelism.
+    """Train speechtrain models with tensor, pipeline and data parallelism on Megatron Core's engine.
 
     Args:
         tensor_model_parallel_size: ranks that split each layer's weights.
@@ -37,10 +38,15 @@ class MegatronStrategy(DDPStrategy):
         sequence_parallel: shard norms and dropout along the sequence under TP (not supported yet).
         micro_batch_size: split each data-parallel rank's batch into micro-batches of this size for the
             pipeline schedule (None: one micro-batch).
-        use_distributed_optimizer: shard optimizer states over the data-parallel ranks (ZeRO-1, PyTorch's
-            ``ZeroRedundancyOptimizer``): the same updates with 1/DP of the optimizer memory per rank.
+        use_distributed_optimizer: Megatron's ``DistributedOptimizer``: optimizer states and fp32 main
+            parameters sharded over the data-parallel ranks, gradients reduce-scattered (ZeRO-1); the same updates
+            with 1/DP of the optimizer memory per rank.
+        overlap_grad_reduce: reduce gradient buckets while backward runs. Only for models where every trainable
+            parameter gets a gradient in every step on every rank (not SALM with text-only batches); off, the
+            buckets are reduced after backward in a fixed order whatever the data.
+        grad_reduce_in_fp32: accumulate and reduce gradients in fp32 (Megatron's DDP), whatever the weights' dtype.
         seed: seed of the model-parallel RNG streams (default: Lightning's global seed, else 1234).
-        max_consecutive_nonfinite_steps: a step whose loss or gradients are not finite is skipped (no update),
+        max_consecutive_nonfinite_steps: a step whose loss or gradient norm is not finite is skipped (no update),
             counted and logged with its cut IDs; this many in a row checkpoint the last good state and stop the
             run (:class:`~speechtrain.lightning.fault_tolerance.NonFiniteGuard`; 0 turns the guard off).
         **kwargs: ``DDPStrategy`` arguments (``process_group_backend``, ``timeout``, ...).
@@ -57,6 +63,8 @@ class MegatronStrategy(DDPStrategy):
         sequence_parallel: bool = False,
         micro_batch_size: int | None = None,
         use_distributed_optimizer: bool = False,
+        overlap_grad_reduce: bool = False,
+        grad_reduce_in_fp32: bool = True,
         seed: int | None = None,
         max_consecutive_nonfinite_steps: int = 10,
         **kwargs: Any,
@@ -69,6 +77,8 @@ class MegatronStrategy(DDPStrategy):
             "sequence_parallel": sequence_parallel,
             "micro_batch_size": micro_batch_size,
             "use_distributed_optimizer": use_distributed_optimizer,
+            "overlap_grad_reduce": overlap_grad_reduce,
+            "grad_reduce_in_fp32": grad_reduce_in_fp32,
             "seed": seed,
             "max_consecutive_nonfinite_steps": max_consecutive_nonfinite_steps,
             **{k: v for k, v in kwargs.items() if isinstance(v, bool | int | float | str) or v is None},
@@ -91,9 +101,12 @@ class MegatronStrategy(DDPStrategy):
         self.pipeline_model_parallel_size = pipeline_model_parallel_size
         self.micro_batch_size = micro_batch_size
         self.use_distributed_optimizer = use_distributed_optimizer
+        self.overlap_grad_reduce = overlap_grad_reduce
+        self.grad_reduce_in_fp32 = grad_reduce_in_fp32
         self.seed = seed
         self.nonfinite_guard = NonFiniteGuard(max_consecutive_nonfinite_steps)
         self.megatron_parallel: MegatronParallel | None = None
+        self._window_open = False  # an accumulation window has started and not yet stepped
 
     # ------------------------------------------------------------------------------------------ process setup
     def _check_layout(self) -> None:
@@ -111,8 +124,10 @@ class MegatronStrategy(DDPStrategy):
     def setup_environment(self) -> None:
         if not isinstance(self.precision_plugin, MegatronMixedPrecision):
             self.precision_plugin = MegatronMixedPrecision(self.precision_plugin.precision)
+        self.precision_plugin.device_type = self.root_device.type
         self._check_layout()
         super().setup_environment()  # process group (gloo on CPU, NCCL on GPU)
+        use_device(self.root_device)  # the CPU adaptations of Megatron, for a CPU run only
         import_megatron()
         from megatron.core import parallel_state as mpu
 
@@ -127,7 +142,6 @@ class MegatronStrategy(DDPStrategy):
                 tensor_model_parallel_size=self.tensor_model_parallel_size,
                 pipeline_model_parallel_size=self.pipeline_model_parallel_size,
             )
-        parallel_state.set_distributed_optimizer(self.use_distributed_optimizer)
         seed = self.seed if self.seed is not None else int(os.environ.get("PL_GLOBAL_SEED", 1234))
         model_parallel_manual_seed(seed)
         logger.info(
@@ -146,35 +160,72 @@ class MegatronStrategy(DDPStrategy):
         return {"num_replicas": parallel_state.data_parallel_world_size(), "rank": parallel_state.data_parallel_rank()}
 
     def configure_ddp(self) -> None:
-        """No DDP wrapper: MegatronParallel reduces gradients over the data-parallel group itself.
+        """Wrap the model in Megatron Core's DDP (:class:`MegatronParallel`) instead of torch's.
 
         Lightning zeroes gradients *after* ``training_step`` (it expects backward to come later); here the
-        schedule inside ``training_step`` already ran backward, so the step zeroes gradients itself, before the
-        schedule, and Lightning's ``optimizer_zero_grad`` is turned off for this module.
+        schedule inside ``training_step`` already ran backward, so the step zeroes the gradient buffers itself at
+        the start of each optimizer step, and Lightning's ``optimizer_zero_grad`` is turned off for this module.
         """
-        self.lightning_module.optimizer_zero_grad = _gradients_zeroed_by_the_schedule
+        module = self.lightning_module
+        self.precision_plugin.check_model(module)
+        trainer = module._trainer
+        if trainer is not None and trainer.gradient_clip_algorithm == "value" and trainer.gradient_clip_val:
+            raise ValueError(
+                "trainer.gradient_clip_algorithm=value is not supported under MegatronStrategy: gradients are "
+                "clipped by their global norm inside Megatron's optimizer. Use gradient_clip_algorithm=norm."
+            )
+        module.optimizer_zero_grad = _gradients_zeroed_by_the_schedule
         self._release_megatron_parallel()
         self.megatron_parallel = MegatronParallel(
-            self.lightning_module,
+            module,
+            device=self.root_device,
             micro_batch_size=self.micro_batch_size,
-            grad_scale_func=self.precision_plugin.grad_scale_func(),
+            overlap_grad_reduce=self.overlap_grad_reduce,
+            use_distributed_optimizer=self.use_distributed_optimizer,
+            grad_reduce_in_fp32=self.grad_reduce_in_fp32,
         )
+        self.megatron_parallel.activate()
+        self._window_open = False
+
+    def setup_optimizers(self, trainer: Any) -> None:
+        """The module's ``configure_optimizers`` builds Megatron's optimizer through
+        :func:`speechtrain.core.optim.build_optimizer`; the non-finite guard decides inside its step."""
+        super().setup_optimizers(trainer)
+        for optimizer in self.optimizers:
+            if not isinstance(optimizer, MegatronOptimizer):
+                raise TypeError(
+                    f"MegatronStrategy trains with Megatron Core's optimizer, but configure_optimizers returned a "
+                    f"{type(optimizer).__name__}. Build it with speechtrain.core.optim.build_optimizer (as "
+                    "SpeechModel.configure_optimizers does)."
+                )
+            optimizer.should_update = self._should_update
+
+    def _should_update(self, grad_norm: float) -> bool:
+        module = self.lightning_module
+        ok = self.nonfinite_guard.check(module.trainer, module, grad_norm)
+        if ok:
+            module.log("grad_norm", grad_norm, batch_size=1)
+        else:
+            module.log("nonfinite_steps", float(self.nonfinite_guard.total), batch_size=1)
+        return ok
 
     # ------------------------------------------------------------------------------------------------- steps
     def training_step(self, *args: Any, **kwargs: Any) -> torch.Tensor:
         batch = args[0] if args else kwargs["batch"]
-        self.lightning_module.zero_grad(set_to_none=True)
-        self.nonfinite_guard.before_step(self.lightning_module)
+        module = self.lightning_module
+        # Lightning's own decision (the one its loop acts on): more batches accumulate into this optimizer step.
+        accumulate = module.trainer.fit_loop._should_accumulate()
+        if not self._window_open:
+            for optimizer in self.optimizers:  # the step's .grad aliases of the buffers (Megatron's zero_grad)
+                optimizer.zero_grad(set_to_none=True)
+            self.megatron_parallel.start_window()
+            self.nonfinite_guard.before_step(module)
+            self._window_open = True
         with self.precision_plugin.train_step_context():
-            loss = self.megatron_parallel.run(batch, forward_only=False)
-        # Under fp16 the loss scaler handles overflowing gradients; the guard then looks at the loss only.
-        check_grads = getattr(self.precision_plugin, "scaler", None) is None
-        if not self.nonfinite_guard.check(self.lightning_module.trainer, self.lightning_module, loss, batch,
-                                          check_grads):  # fmt: skip
-            self.precision_plugin.skip_step = True
-            self.lightning_module.log("nonfinite_steps", float(self.nonfinite_guard.total), batch_size=1)
-            return loss
-        self.lightning_module.log("reduced_train_loss", loss, prog_bar=True, batch_size=1)
+            loss = self.megatron_parallel.run(batch, forward_only=False, last_in_window=not accumulate)
+        self._window_open = accumulate
+        self.nonfinite_guard.observe(loss, batch)
+        module.log("reduced_train_loss", loss, prog_bar=True, batch_size=1)
         return loss
 
     def backward(self, closure_loss: torch.Tensor, optimizer: Any, *args: Any, **kwargs: Any) -> torch.Tensor:
@@ -199,16 +250,16 @@ class MegatronStrategy(DDPStrategy):
             group = parallel_state.data_parallel_group()
         return super().reduce(tensor, group=group, reduce_op=reduce_op)
 
-    # ---------------------------------------------------------------------------------------------- checkpoints
-    def optimizer_state(self, optimizer: Any) -> dict[str, Any]:
-        """A sharded (distributed) optimizer is gathered on data-parallel rank 0 of each model-parallel rank,
-        the rank that writes that shard of the checkpoint."""
-        optimizer = getattr(optimizer, "_optimizer", optimizer)
-        if hasattr(optimizer, "consolidate_state_dict"):
-            optimizer.consolidate_state_dict(to=0)  # rank 0 *of the data-parallel group*
-            return optimizer.state_dict() if parallel_state.data_parallel_rank() == 0 else {}
-        return optimizer.state_dict()
+    def reduce_boolean_decision(self, decision: bool, all: bool = True) -> bool:
+        """Lightning's decisions (save a checkpoint, stop early) are taken by every process of the world: the
+        count is compared with the world size, so it is summed over the world, not the data-parallel group."""
+        if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+            return decision
+        flag = torch.tensor(int(decision), device=self.root_device)
+        torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.SUM)
+        return bool(flag == self.world_size) if all else bool(flag)
 
+    # ---------------------------------------------------------------------------------------------- checkpoints
     def save_checkpoint(self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any = None) -> None:
         """One shard per model-parallel rank, written atomically (see :mod:`speechtrain.lightning.checkpoint`)."""
         sharded.save_checkpoint(checkpoint, filepath)
@@ -229,5 +280,5 @@ class MegatronStrategy(DDPStrategy):
 
     def _release_megatron_parallel(self) -> None:
         if self.megatron_parallel is not None:
-            self.megatron_parallel.buckets.remove()
+            self.megatron_parallel.release()
             self.megatron_parallel = None

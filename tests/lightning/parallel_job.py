@@ -112,7 +112,8 @@ def main() -> None:
         )
         for name, p in model.named_parameters()
     }
-    optimizer = type(trainer.optimizers[0]).__name__ if trainer.optimizers else None
+    optimizer = trainer.optimizers[0] if trainer.optimizers else None
+    optimizer = type(getattr(optimizer, "mcore", optimizer)).__name__  # Megatron's class under the bridge
     record = {"losses": recorder.losses, "params": params, "optimizer": optimizer, **recorder.ranks}
     if args.archive:
         model.save_to(args.archive)
