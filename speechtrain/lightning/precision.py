@@ -1,11 +1,11 @@
 """``MegatronMixedPrecision``: the precision plugin of the Megatron bridge.
 
-| precision | weights | compute | optimizer (Megatron Core) |
-|---|---|---|---|
-| ``32`` | fp32 | fp32 | fp32 |
-| ``bf16-mixed`` | fp32 | autocast bf16 | fp32 |
-| ``16-mixed`` | fp32 | autocast fp16 | fp32, ``DynamicGradScaler`` (2^32 initial, hysteresis 2, window 1000); an overflowing step is skipped |
-| ``bf16-true`` | bf16 | bf16 (autocast casts fp32 inputs) | fp32 main parameters and gradients |
+- ``32``: fp32 weights and compute; Megatron's fp32 optimizer.
+- ``bf16-mixed``: fp32 weights, autocast to bf16; fp32 optimizer.
+- ``16-mixed``: fp32 weights, autocast to fp16; Megatron's ``DynamicGradScaler`` (2^32 initial, hysteresis 2,
+  window 1000): an overflowing step is skipped.
+- ``bf16-true``: bf16 weights and compute (autocast casts fp32 inputs); the optimizer keeps fp32 main parameters
+  and the gradients are reduced in fp32.
 
 Modules that set ``keep_fp32 = True`` (audio front-ends, codecs) keep fp32 weights under ``bf16-true`` and
 disable autocast themselves, so features are always computed in fp32. fp8 goes through transformer-engine's
