@@ -309,14 +309,15 @@ class CTCModel(SpeechModel):
             [self.ctc_losses(log_probs, lengths, batch).sum().item(), batch["token_lens"].sum().item(), word_err,
              sum(len(r.split()) for r in refs), char_err, sum(len(r) for r in refs), greedy_word_err,
              greedy_char_err],
-            dtype=torch.float64,
+            dtype=torch.float64, device=log_probs.device,
         )  # fmt: skip
-        self._val_sums[dataloader_idx] = self._val_sums.get(dataloader_idx, torch.zeros(8, dtype=torch.float64)) + sums
+        previous = self._val_sums.get(dataloader_idx)
+        self._val_sums[dataloader_idx] = sums if previous is None else previous + sums
 
     def on_validation_epoch_end(self) -> None:
         names = self._val_names or ["val"]
         for index, name in enumerate(names):
-            sums = self._val_sums.get(index, torch.zeros(8, dtype=torch.float64))
+            sums = self._val_sums.get(index, torch.zeros(8, dtype=torch.float64, device=self.device))
             if self.trainer.world_size > 1:
                 sums = self.trainer.strategy.reduce(sums.to(self.device), reduce_op="sum").cpu()
             loss_sum, tokens, word_err, words, char_err, chars, greedy_word_err, greedy_char_err = sums.tolist()

@@ -36,9 +36,8 @@ def _any_rank(flag: bool, group: Any = None) -> bool:
     """True when ``flag`` is set on any rank of ``group`` (the world by default): a collective call."""
     if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
         return flag
-    device = (
-        torch.device("cuda", torch.cuda.current_device()) if torch.distributed.get_backend(group) == "nccl" else None
-    )
+    nccl = torch.distributed.get_backend(group) == "nccl"
+    device = torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")
     value = torch.tensor([1.0 if flag else 0.0], device=device)
     torch.distributed.all_reduce(value, op=torch.distributed.ReduceOp.MAX, group=group)
     return bool(value.item() > 0)
@@ -96,9 +95,10 @@ class PreemptionCallback(pl.Callback):
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: Any, **kwargs: Any
     ) -> None:
-        if trainer.world_size > 1 and trainer.global_step % self.check_interval:
-            return
-        if not _any_rank(self.received is not None):
+        if trainer.world_size > 1:
+            if trainer.global_step % self.check_interval or not _any_rank(self.received is not None):
+                return
+        elif self.received is None:
             return
         self.checkpoint = save_resume_checkpoint(trainer, "preempted.ckpt")
         self.preempted = True

@@ -497,7 +497,7 @@ class SALMModel(SpeechModel):
     # ---------------------------------------------------------------------------------------------- validation
     def on_validation_epoch_start(self) -> None:
         # loss sum, target tokens, correct next tokens, word errors, reference words, exact matches, answers
-        self._val_sums = torch.zeros(7, dtype=torch.float64)
+        self._val_sums = torch.zeros(7, dtype=torch.float64, device=self.device)
         self._val_task_sums: dict[str, list[float]] = {}
         trainer = self._trainer
         fitting = trainer is not None and trainer.state.fn == "fit"
@@ -528,10 +528,12 @@ class SALMModel(SpeechModel):
                 sums[4] += words
                 sums[5] += exact
                 sums[6] += 1
-        self._val_sums += torch.tensor(sums, dtype=torch.float64)
+        self._val_sums += torch.tensor(sums, dtype=torch.float64, device=self._val_sums.device)
 
     def on_validation_epoch_end(self) -> None:
-        sums = self._val_sums if self._val_sums is not None else torch.zeros(7, dtype=torch.float64)
+        sums = (
+            self._val_sums if self._val_sums is not None else torch.zeros(7, dtype=torch.float64, device=self.device)
+        )
         tasks = sorted({t.name for t in self.cfg.tasks} | set(self._val_task_sums) | {"conversation"})
         per_task = torch.tensor([self._val_task_sums.get(t, [0.0] * 4) for t in tasks], dtype=torch.float64)
         if self.trainer.world_size > 1:

@@ -443,7 +443,7 @@ class TTSModel(SpeechModel):
 
     # ---------------------------------------------------------------------------------------------- validation
     def on_validation_epoch_start(self) -> None:
-        self._val_sums = torch.zeros(4, dtype=torch.float64)
+        self._val_sums = torch.zeros(4, dtype=torch.float64, device=self.device)
         self._val_examples = []
 
     def validation_step(self, batch: dict[str, Any] | None, batch_idx: int, dataloader_idx: int = 0) -> None:
@@ -455,14 +455,15 @@ class TTSModel(SpeechModel):
         loss_sum, count = self.code_losses(logits, tf)
         mask = tf["mask"]
         correct = ((logits[..., 0, :].argmax(-1) == tf["targets"][..., 0]) & mask).sum()
-        self._val_sums += torch.tensor([loss_sum.item(), count.item(), correct.item(), mask.sum().item()],
-                                       dtype=torch.float64)  # fmt: skip
+        self._val_sums += torch.stack([loss_sum.detach(), count, correct, mask.sum()]).double()  # no host sync
         for i in range(len(batch["ids"])):
             if len(self._val_examples) < self.cfg.val_samples:
                 self._val_examples.append({"id": batch["ids"][i], "text": batch["texts"][i]})
 
     def on_validation_epoch_end(self) -> None:
-        sums = self._val_sums if self._val_sums is not None else torch.zeros(4, dtype=torch.float64)
+        sums = (
+            self._val_sums if self._val_sums is not None else torch.zeros(4, dtype=torch.float64, device=self.device)
+        )
         if self.trainer.world_size > 1:
             sums = self.trainer.strategy.reduce(sums.to(self.device), reduce_op="sum").cpu()
         loss_sum, count, correct, frames = sums.tolist()
