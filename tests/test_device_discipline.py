@@ -66,8 +66,9 @@ def test_salm_and_tts_steps_under_the_bridge_make_every_tensor_on_a_device(famil
         model.codec.fitted.fill_(True)
     recorder = RecordDevicelessFactories()
     trainer = Trainer(accelerator="cpu", devices=1, strategy=MegatronStrategy(), max_steps=2, limit_val_batches=1,
-                      val_check_interval=2, num_sanity_val_steps=0, use_distributed_sampler=False, logger=False, enable_checkpointing=False,
-                      enable_progress_bar=False, enable_model_summary=False, callbacks=[recorder])  # fmt: skip
+                      val_check_interval=2, num_sanity_val_steps=0, use_distributed_sampler=False, logger=False,
+                      enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                      callbacks=[recorder])  # fmt: skip
     trainer.fit(model)
     assert trainer.global_step == 2
     assert recorder.calls == [], "\n".join(recorder.calls)
