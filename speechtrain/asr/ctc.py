@@ -29,7 +29,7 @@ from speechtrain.asr.conformer import (
     subsampled_lengths,
 )
 from speechtrain.asr.decoding import STRATEGIES, BeamSearchDecoder, DecodingConfig, greedy_decode
-from speechtrain.asr.features import LogMelFeatures, PreprocessorConfig
+from speechtrain.asr.features import PreprocessorConfig, build_preprocessor
 from speechtrain.asr.metrics import edit_distance
 from speechtrain.asr.spec_augment import SpecAugment, SpecAugmentConfig
 from speechtrain.asr.tokenizers import CharTokenizer, load_tokenizer
@@ -206,7 +206,7 @@ class CTCModel(SpeechModel):
         if self.encoder is not None:
             return
         cfg = self.cfg
-        self.preprocessor = LogMelFeatures(OmegaConf.to_object(cfg.preprocessor), cfg.sample_rate)
+        self.preprocessor = build_preprocessor(OmegaConf.to_object(cfg.preprocessor), cfg.sample_rate)
         self.spec_augment = SpecAugment(OmegaConf.to_object(cfg.spec_augment)) if cfg.spec_augment else None
         self.encoder, width = self.build_encoder()
         with seeded(self._init_seed + 100_000):

@@ -34,7 +34,7 @@ from omegaconf import OmegaConf
 from torch.utils.data import DataLoader
 
 from speechtrain.asr.conformer import ConformerConfig, ConformerEncoder, ConformerLayer, frame_mask, seeded
-from speechtrain.asr.features import LogMelFeatures, PreprocessorConfig
+from speechtrain.asr.features import PreprocessorConfig, build_preprocessor
 from speechtrain.asr.metrics import edit_distance
 from speechtrain.core.model import SpeechModel
 from speechtrain.core.optim import OptimConfig
@@ -237,7 +237,7 @@ class AudioPerception(torch.nn.Module):
         if cfg.compression == "ctc" and not cfg.ctc_vocab:
             raise ValueError("model.perception.compression=ctc needs the ASR model's CTC head: set "
                              "model.perception.asr_model (or ctc_vocab).")  # fmt: skip
-        self.preprocessor = LogMelFeatures(cfg.preprocessor, sample_rate)
+        self.preprocessor = build_preprocessor(cfg.preprocessor, sample_rate)
         self.encoder = ConformerEncoder(cfg.encoder, cfg.preprocessor.n_mels, seed)
         self.ctc_head = torch.nn.Linear(cfg.encoder.d_model, cfg.ctc_vocab) if cfg.compression == "ctc" else None
         self.adapter = ModalityAdapter(cfg.adapter, cfg.encoder, seed + 50_000)
