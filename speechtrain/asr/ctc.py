@@ -486,6 +486,15 @@ class ConformerCTCModel(CTCModel):
             cfg = sized_config(OmegaConf.to_container(cfg) if OmegaConf.is_config(cfg) else dict(cfg))
         super().__init__(cfg)
 
+    def save_to(self, path: str | Path) -> Path:
+        """Write the model archive (``.stm``), or, for a ``.nemo`` path, NeMo's ``EncDecCTCModelBPE`` checkpoint
+        (:func:`speechtrain.asr.export_nemo.write_nemo`). Every rank must call this in a distributed run."""
+        if Path(path).suffix == ".nemo":
+            from speechtrain.asr.export_nemo import write_nemo
+
+            return write_nemo(self, path)
+        return super().save_to(path)
+
     def build_encoder(self) -> tuple[torch.nn.Module, int]:
         enc = OmegaConf.to_object(self.cfg.encoder)
         return ConformerEncoder(enc, self.cfg.preprocessor.n_mels, self._init_seed), enc.d_model
