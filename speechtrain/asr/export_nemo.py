@@ -40,8 +40,13 @@ def nemo_config(cfg: Any, vocabulary: list[str]) -> dict[str, Any]:
         "log_prediction": False,
         "ctc_reduction": cfg["ctc_reduction"],
         "skip_nan_grad": False,
-        "tokenizer": {"dir": None, "type": "bpe", "model_path": "nemo:tokenizer.model",
-                      "vocab_path": "nemo:vocab.txt", "spe_tokenizer_vocab": "nemo:tokenizer.vocab"},  # fmt: skip
+        "tokenizer": {
+            "dir": None,
+            "type": "bpe",
+            "model_path": "nemo:tokenizer.model",
+            "vocab_path": "nemo:vocab.txt",
+            "spe_tokenizer_vocab": "nemo:tokenizer.vocab",
+        },
         "preprocessor": {
             "_target_": "nemo.collections.asr.modules.AudioToMelSpectrogramPreprocessor",
             "sample_rate": sample_rate,
