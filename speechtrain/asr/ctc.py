@@ -190,6 +190,7 @@ class CTCModel(SpeechModel):
         # the same on every rank and the same for every parallel layout.
         self._init_seed = int(torch.randint(0, 2**30, ()).item())
         self.encoder: torch.nn.Module | None = None
+        self._pending_init: tuple[Any, list[str] | None, list[str] | None] | None = None
         self._skips = SkipTally()
         self._val_sums: dict[int, torch.Tensor] = {}
         self._train_loader: DataLoader | None = None
@@ -211,6 +212,20 @@ class CTCModel(SpeechModel):
         self.encoder, width = self.build_encoder()
         with seeded(self._init_seed + 100_000):
             self.decoder = torch.nn.Linear(width, self.tokenizer.vocab_size + 1)
+        if self._pending_init is not None:
+            source, include, exclude = self._pending_init
+            self._pending_init = None
+            self.init_from_pretrained(source, include=include, exclude=exclude)
+
+    def init_from_pretrained_when_built(
+        self, source: Any, include: list[str] | None = None, exclude: list[str] | None = None
+    ) -> None:
+        """:meth:`init_from_pretrained` once the layers are built: in a training run that is when the parallel
+        layout is known, so that under tensor parallelism each rank takes its slices of the full weights."""
+        if self.encoder is not None:
+            self.init_from_pretrained(source, include=include, exclude=exclude)
+        else:
+            self._pending_init = (source, include, exclude)
 
     def _built(self) -> None:
         if self.encoder is None:

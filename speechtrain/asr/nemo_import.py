@@ -110,7 +110,10 @@ def load_weights(path: Path, data: bytes) -> dict[str, torch.Tensor]:
     try:
         obj = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
     except Exception as error:  # torch raises UnpicklingError, RuntimeError, ... for anything else
-        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        # torch's message opens with advice to retry with weights_only=False; keep only what it found.
+        lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+        found = [line for line in lines if "GLOBAL" in line or line.startswith("Unsupported")]
+        reason = (found or lines or [type(error).__name__])[0]
         raise NemoImportError(
             f"{path}: {NEMO_WEIGHTS} is not a plain state dict of tensors; torch.load(weights_only=True) refused it "
             f"({reason}). Nothing from it was executed."

@@ -340,7 +340,7 @@ class SpeechModel(pl.LightningModule):
                     selected[key] = tensor
                     report.loaded.append(key)
             self.load_state_dict(selected, strict=False)
-            report.missing = [key for key in own_state if key not in selected]
+            report.missing = [k for k, v in own_state.items() if k not in selected and isinstance(v, torch.Tensor)]
         finally:
             group.on_load_checkpoint_end()
         logger.info(

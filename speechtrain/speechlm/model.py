@@ -70,9 +70,10 @@ class AdapterConfig:
 
 @dataclass
 class PerceptionConfig:
-    """Audio perception. ``asr_model``: an ASR archive (``.stm``) whose preprocessor and encoder shape and weights
-    are taken (its ``preprocessor`` / ``encoder`` replace those given here), and its CTC head with
-    ``compression: ctc`` (CTC compression: about one LLM position per recognised token instead of one per frame).
+    """Audio perception. ``asr_model``: an ASR archive (``.stm``, or a NeMo Conformer/FastConformer ``.nemo``) whose
+    preprocessor and encoder shape and weights are taken (its ``preprocessor`` / ``encoder`` replace those given
+    here), and its CTC head with ``compression: ctc`` (CTC compression: about one LLM position per recognised token
+    instead of one per frame).
     """
 
     asr_model: str | None = None
@@ -156,9 +157,9 @@ def prepare_salm_config(model_cfg: Any) -> None:
         llm.tokenizer_config = str(config) if config.is_file() else None
     asr = model_cfg.perception.asr_model
     if asr:
-        from speechtrain.core.archive import read_archive
+        from speechtrain.core.archive import read_model_file
 
-        archive = read_archive(asr)
+        archive = read_model_file(asr)
         stored = archive.config
         if "encoder" not in stored or "preprocessor" not in stored:
             raise ValueError(f"model.perception.asr_model={asr}: not an ASR model archive (no encoder/preprocessor).")
@@ -310,9 +311,9 @@ class SALMModel(SpeechModel):
             logger.info("LLM weights loaded from %s", cfg.llm.hf_path)
         self._match_audio_scale()
         if cfg.perception.asr_model:
-            from speechtrain.core.archive import read_archive
+            from speechtrain.core.archive import read_model_file
 
-            stored = read_archive(cfg.perception.asr_model).state_dict
+            stored = read_model_file(cfg.perception.asr_model).state_dict
             taken = {f"perception.{k}": v for k, v in stored.items() if k.startswith(("encoder.", "preprocessor."))}
             if self.perception.ctc_head is not None:
                 taken.update({f"perception.ctc_head.{k[len('decoder.'):]}": v for k, v in stored.items()
