@@ -74,6 +74,21 @@ def test_the_nemo_front_end_is_what_makes_them_equal():
     assert max_difference(other, "fastconformer_ctc") > 0.01
 
 
+def test_a_character_model_loads_with_its_labels(tmp_path):
+    """NeMo's EncDecCTCModel (characters): the decoder's vocabulary becomes a character tokenizer."""
+    labels = list(" abcdefghijklmnopqrstuvwxyz'0123456789-.,")[:40]
+
+    def to_chars(config):
+        config["target"] = "nemo.collections.asr.models.ctc_models.EncDecCTCModel"
+        del config["tokenizer"]
+        config["decoder"]["vocabulary"] = labels
+
+    path = repack(FIXTURES / "fastconformer_ctc.nemo", tmp_path / "chars.nemo", _config_edit(to_chars))
+    model = SpeechModel.restore_from(path)
+    assert model.tokenizer.vocab == labels
+    assert max_difference(model, "fastconformer_ctc") < 1e-4
+
+
 def test_from_pretrained_finds_a_nemo_file_by_name_in_the_models_cache(tmp_path, monkeypatch):
     from speechtrain.lightning import settings
 
