@@ -89,6 +89,29 @@ def test_a_character_model_loads_with_its_labels(tmp_path):
     assert max_difference(model, "fastconformer_ctc") < 1e-4
 
 
+def test_an_encoder_without_biases_loads_with_zero_biases(tmp_path, caplog):
+    """``encoder.use_bias: false`` (no biases in the layers' linear and convolution layers): they start at zero."""
+
+    def drop_biases(members):
+        config = yaml.safe_load(members["model_config.yaml"])
+        config["encoder"]["use_bias"] = False
+        members["model_config.yaml"] = yaml.safe_dump(config).encode()
+        state = load_weights(tmp_path, members["model_weights.ckpt"])
+        layer_biases = [k for k in state if k.startswith("encoder.layers.") and k.endswith(".bias")
+                        and ("linear" in k or "_conv" in k)]  # fmt: skip
+        buffer = io.BytesIO()
+        torch.save({k: v for k, v in state.items() if k not in layer_biases}, buffer)
+        members["model_weights.ckpt"] = buffer.getvalue()
+
+    path = repack(FIXTURES / "fastconformer_ctc.nemo", tmp_path / "nobias.nemo", drop_biases)
+    with caplog.at_level(logging.WARNING):
+        model = SpeechModel.restore_from(path)
+    assert "encoder.use_bias is false: the encoder's biases start at zero" in caplog.text
+    layer = model.encoder.layers[1]
+    assert not layer.ff1.up.linear.bias.any() and not layer.conv.depthwise.bias.any()
+    assert layer.ff1_norm.bias.any()  # norms keep theirs
+
+
 def test_from_pretrained_finds_a_nemo_file_by_name_in_the_models_cache(tmp_path, monkeypatch):
     from speechtrain.lightning import settings
 
