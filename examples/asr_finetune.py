@@ -3,6 +3,7 @@
 python examples/asr_finetune.py init_from.path=asr_demo.stm model.train_ds.manifest_filepath=new/train.json \
     model.validation_ds.manifest_filepath=new/dev.json model.optim.lr=5e-4
 python examples/asr_finetune.py init_from.path=asr_demo.stm model.tokenizer.path=null model.tokenizer.vocab_size=256
+python examples/asr_finetune.py init_from.path=stt_en_fastconformer_ctc_large.nemo  # a NeMo checkpoint
 """
 
 import logging
@@ -23,10 +24,13 @@ from speechtrain.lightning import Trainer, teardown
 logger = logging.getLogger("asr_finetune")
 
 
-def finetune_model(base: SpeechModel, overrides: dict[str, Any], include=None, exclude=None) -> SpeechModel:
+def finetune_model(
+    base: SpeechModel, overrides: dict[str, Any], include=None, exclude=None, defer: bool = False
+) -> SpeechModel:
     """A new model of ``base``'s class with ``overrides`` merged over its config, initialised from ``base``'s
     weights. A different tokenizer keeps the encoder and re-initialises the decoder (said in the log).
-    ``decoding.lm_path: null`` fits a new beam-search LM on the new training transcripts."""
+    ``decoding.lm_path: null`` fits a new beam-search LM on the new training transcripts. ``defer``: load the
+    weights when the trainer builds the layers (under tensor parallelism each rank then takes its slices)."""
     overrides = dict(overrides)
     tokenizer = dict(overrides.get("tokenizer") or {})
     new_tokenizer = bool(tokenizer) and any(k in tokenizer for k in ("path", "vocab", "vocab_size", "type"))
@@ -44,6 +48,9 @@ def finetune_model(base: SpeechModel, overrides: dict[str, Any], include=None, e
             "New tokenizer (%d -> %d tokens): the CTC decoder is re-initialised; the encoder is kept.",
             base.tokenizer.vocab_size, model.tokenizer.vocab_size,
         )  # fmt: skip
+    if defer:
+        model.init_from_pretrained_when_built(base, include=include, exclude=exclude)
+        return model
     report = model.init_from_pretrained(base, include=include, exclude=exclude)
     logger.info("Initialised from the pretrained model: %s", report)
     return model
@@ -59,7 +66,8 @@ def main(cfg):
     start = time.perf_counter()
     pl.seed_everything(cfg.seed, verbose=False)
     base = SpeechModel.restore_from(cfg.init_from.path)  # kept alive: its extracted artifacts back the new model
-    model = finetune_model(base, OmegaConf.to_container(cfg.model), cfg.init_from.include, cfg.init_from.exclude)
+    model = finetune_model(base, OmegaConf.to_container(cfg.model), cfg.init_from.include, cfg.init_from.exclude,
+                           defer=True)  # fmt: skip
     trainer = Trainer(**OmegaConf.to_container(cfg.trainer, resolve=True))
     log_dir = exp_manager(trainer, cfg.exp_manager, name=cfg.name, job_config=cfg)
     fit_and_report(trainer, model, log_dir, start)

@@ -48,6 +48,8 @@ class ConformerConfig:
         dropout_att: dropout on attention probabilities.
         xscaling: multiply the subsampled input by sqrt(d_model) (NeMo's default is true; off here: with it, the
             CPU demo model left the CTC plateau later).
+        untie_biases: each layer learns its own relative-position biases ``u`` and ``v`` (NeMo's default); false
+            shares layer 0's pair with all layers (only layer 0's are in the state dict).
     """
 
     d_model: int = 176
@@ -62,6 +64,7 @@ class ConformerConfig:
     dropout: float = 0.1
     dropout_att: float = 0.1
     xscaling: bool = False
+    untie_biases: bool = True
 
 
 @contextlib.contextmanager
@@ -262,6 +265,13 @@ class ConformerEncoder(torch.nn.Module):
         for index in range(cfg.num_layers):
             with seeded(seed + 1 + index):
                 layers.append(ConformerLayer(cfg))
+        if not cfg.untie_biases:
+            # Layer 0 owns the shared pair; the others hold plain references, so each tensor has one state-dict name
+            # (tensor-parallel gathering and slicing look parameters up by their first name only).
+            for layer in layers[1:]:
+                for name in ("pos_bias_u", "pos_bias_v"):
+                    del layer.attention._parameters[name]
+                    object.__setattr__(layer.attention, name, getattr(layers[0].attention, name))
         self.layers = torch.nn.ModuleList(layers)
         self.dropout = torch.nn.Dropout(cfg.dropout)
         self.subsampling_factor = cfg.subsampling_factor

@@ -29,7 +29,7 @@ from speechtrain.asr.conformer import (
     subsampled_lengths,
 )
 from speechtrain.asr.decoding import STRATEGIES, BeamSearchDecoder, DecodingConfig, greedy_decode
-from speechtrain.asr.features import LogMelFeatures, PreprocessorConfig
+from speechtrain.asr.features import PreprocessorConfig, build_preprocessor
 from speechtrain.asr.metrics import edit_distance
 from speechtrain.asr.spec_augment import SpecAugment, SpecAugmentConfig
 from speechtrain.asr.tokenizers import CharTokenizer, load_tokenizer
@@ -190,6 +190,7 @@ class CTCModel(SpeechModel):
         # the same on every rank and the same for every parallel layout.
         self._init_seed = int(torch.randint(0, 2**30, ()).item())
         self.encoder: torch.nn.Module | None = None
+        self._pending_init: tuple[Any, list[str] | None, list[str] | None] | None = None
         self._skips = SkipTally()
         self._val_sums: dict[int, torch.Tensor] = {}
         self._train_loader: DataLoader | None = None
@@ -206,11 +207,25 @@ class CTCModel(SpeechModel):
         if self.encoder is not None:
             return
         cfg = self.cfg
-        self.preprocessor = LogMelFeatures(OmegaConf.to_object(cfg.preprocessor), cfg.sample_rate)
+        self.preprocessor = build_preprocessor(OmegaConf.to_object(cfg.preprocessor), cfg.sample_rate)
         self.spec_augment = SpecAugment(OmegaConf.to_object(cfg.spec_augment)) if cfg.spec_augment else None
         self.encoder, width = self.build_encoder()
         with seeded(self._init_seed + 100_000):
             self.decoder = torch.nn.Linear(width, self.tokenizer.vocab_size + 1)
+        if self._pending_init is not None:
+            source, include, exclude = self._pending_init
+            self._pending_init = None
+            self.init_from_pretrained(source, include=include, exclude=exclude)
+
+    def init_from_pretrained_when_built(
+        self, source: Any, include: list[str] | None = None, exclude: list[str] | None = None
+    ) -> None:
+        """:meth:`init_from_pretrained` once the layers are built: in a training run that is when the parallel
+        layout is known, so that under tensor parallelism each rank takes its slices of the full weights."""
+        if self.encoder is not None:
+            self.init_from_pretrained(source, include=include, exclude=exclude)
+        else:
+            self._pending_init = (source, include, exclude)
 
     def _built(self) -> None:
         if self.encoder is None:
@@ -486,6 +501,15 @@ class ConformerCTCModel(CTCModel):
         if not isinstance(cfg, ConformerCTCConfig):
             cfg = sized_config(OmegaConf.to_container(cfg) if OmegaConf.is_config(cfg) else dict(cfg))
         super().__init__(cfg)
+
+    def save_to(self, path: str | Path) -> Path:
+        """Write the model archive (``.stm``), or, for a ``.nemo`` path, NeMo's ``EncDecCTCModelBPE`` checkpoint
+        (:func:`speechtrain.asr.export_nemo.write_nemo`). Every rank must call this in a distributed run."""
+        if Path(path).suffix == ".nemo":
+            from speechtrain.asr.export_nemo import write_nemo
+
+            return write_nemo(self, path)
+        return super().save_to(path)
 
     def build_encoder(self) -> tuple[torch.nn.Module, int]:
         enc = OmegaConf.to_object(self.cfg.encoder)

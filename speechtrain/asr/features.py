@@ -1,9 +1,23 @@
-"""Log-mel features, always computed in fp32 whatever the precision plugin."""
+"""Log-mel features, always computed in fp32 whatever the precision plugin.
 
+Two front-ends (``PreprocessorConfig.kind``):
+
+- ``torchaudio`` (the default): torchaudio's HTK mel spectrogram, log with a 2^-24 guard, per-utterance
+  normalisation of each band.
+- ``nemo``: NeMo's ``AudioToMelSpectrogramPreprocessor`` step for step, so that imported ``.nemo`` models see the
+  features they were trained on: pre-emphasis, a symmetric Hann window, the power spectrum through a Slaney mel
+  filterbank held as a buffer (imported models load NeMo's stored one), log with a 2^-24 guard, per-feature
+  normalisation over the valid frames, padded frames zeroed, the time axis padded to a multiple of ``pad_to``.
+  Frame count ``samples // hop`` (NeMo 3.0's; its last, half-empty STFT frame counts as padding).
+"""
+
+import math
 from dataclasses import dataclass
 
 import torch
 import torchaudio
+
+KINDS = ("torchaudio", "nemo")
 
 
 @dataclass
@@ -16,6 +30,10 @@ class PreprocessorConfig:
         window_stride: hop in seconds.
         n_fft: FFT size.
         dither: white-noise amplitude added in training only (it would make evaluation non-deterministic).
+        kind: ``torchaudio`` or ``nemo`` (see the module docstring).
+        preemph: pre-emphasis coefficient (``nemo`` only; 0 turns it off).
+        pad_to: pad the feature frames to a multiple of this (``nemo`` only; 0: no padding). Padded frames are
+            zero and never change valid outputs.
     """
 
     n_mels: int = 80
@@ -23,6 +41,18 @@ class PreprocessorConfig:
     window_stride: float = 0.01
     n_fft: int = 512
     dither: float = 1e-5
+    kind: str = "torchaudio"
+    preemph: float = 0.97
+    pad_to: int = 0
+
+
+def build_preprocessor(cfg: PreprocessorConfig, sample_rate: int) -> torch.nn.Module:
+    """The front-end that ``cfg.kind`` names."""
+    if cfg.kind == "nemo":
+        return NemoMelFeatures(cfg, sample_rate)
+    if cfg.kind == "torchaudio":
+        return LogMelFeatures(cfg, sample_rate)
+    raise ValueError(f"preprocessor.kind must be one of {', '.join(KINDS)}, got {cfg.kind!r}.")
 
 
 class LogMelFeatures(torch.nn.Module):
@@ -67,10 +97,64 @@ class LogMelFeatures(torch.nn.Module):
                 audio = audio + self.dither * torch.randn_like(audio)
             feats = torch.log(self.mel(audio) + 2.0**-24)  # (B, n_mels, F)
             lengths = self.frame_lengths(audio_lens)
-            mask = torch.arange(feats.shape[-1], device=feats.device)[None, :] < lengths[:, None]  # (B, F)
-            mask = mask[:, None, :]  # (B, 1, F)
-            count = lengths[:, None, None].clamp(min=1)
-            mean = (feats * mask).sum(-1, keepdim=True) / count
-            var = (((feats - mean) * mask) ** 2).sum(-1, keepdim=True) / (count - 1).clamp(min=1)
-            feats = (feats - mean) / (var.sqrt() + 1e-5) * mask
+            feats = _normalise_valid_frames(feats, lengths)
+        return feats, lengths
+
+
+def _normalise_valid_frames(feats: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """Each band of each utterance to zero mean, unit (unbiased) deviation + 1e-5 over its valid frames; padded
+    frames zeroed. feats (B, n_mels, F), lengths (B,)."""
+    mask = (torch.arange(feats.shape[-1], device=feats.device)[None, :] < lengths[:, None])[:, None, :]  # (B, 1, F)
+    count = lengths[:, None, None].clamp(min=1)
+    mean = (feats * mask).sum(-1, keepdim=True) / count
+    var = (((feats - mean) * mask) ** 2).sum(-1, keepdim=True) / (count - 1).clamp(min=1)
+    return (feats - mean) / (var.sqrt() + 1e-5) * mask
+
+
+class NemoMelFeatures(torch.nn.Module):
+    """NeMo's mel front-end (``kind: nemo``; see the module docstring). Buffers ``window`` (win,) and ``fb``
+    (1, n_mels, n_fft // 2 + 1), named and shaped as in NeMo's ``preprocessor.featurizer``.
+
+    Args:
+        cfg: see :class:`PreprocessorConfig`.
+        sample_rate: input sample rate in Hz.
+    """
+
+    def __init__(self, cfg: PreprocessorConfig, sample_rate: int) -> None:
+        super().__init__()
+        # NeMo truncates the window and hop to whole samples (int(), not round()).
+        self.win_length = int(cfg.window_size * sample_rate)
+        self.hop = int(cfg.window_stride * sample_rate)
+        self.n_fft = cfg.n_fft or 2 ** math.ceil(math.log2(self.win_length))
+        if self.win_length > self.n_fft:
+            raise ValueError(f"preprocessor: window_size={cfg.window_size} s is {self.win_length} samples, more than "
+                             f"n_fft={self.n_fft}.")  # fmt: skip
+        self.dither, self.preemph, self.pad_to = cfg.dither, cfg.preemph, cfg.pad_to
+        self.register_buffer("window", torch.hann_window(self.win_length, periodic=False))
+        fb = torchaudio.functional.melscale_fbanks(
+            self.n_fft // 2 + 1, 0.0, sample_rate / 2, cfg.n_mels, sample_rate, norm="slaney", mel_scale="slaney"
+        )  # (n_freqs, n_mels)
+        self.register_buffer("fb", fb.T.unsqueeze(0).contiguous())  # (1, n_mels, n_freqs)
+
+    def frame_lengths(self, audio_lens: torch.Tensor) -> torch.Tensor:
+        """Valid feature frames of utterances of ``audio_lens`` samples."""
+        return audio_lens // self.hop
+
+    def forward(self, audio: torch.Tensor, audio_lens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """audio (B, T) zero-padded, audio_lens (B,) -> features (B, n_mels, F) (padded frames zero), lengths (B,)."""
+        with torch.autocast(device_type=audio.device.type, enabled=False):
+            audio = audio.float()
+            if self.training and self.dither > 0:
+                audio = audio + self.dither * torch.randn_like(audio)
+            if self.preemph:
+                valid = torch.arange(audio.shape[1], device=audio.device)[None, :] < audio_lens[:, None]
+                audio = torch.cat([audio[:, :1], audio[:, 1:] - self.preemph * audio[:, :-1]], dim=1) * valid
+            spec = torch.stft(audio, self.n_fft, self.hop, self.win_length, self.window, center=True,
+                              pad_mode="constant", return_complex=True)  # fmt: skip
+            power = torch.view_as_real(spec).pow(2).sum(-1).sqrt().pow(2)  # (B, n_freqs, F), as NeMo rounds it
+            feats = torch.log(torch.matmul(self.fb, power) + 2.0**-24)  # (B, n_mels, F)
+            lengths = self.frame_lengths(audio_lens)
+            feats = _normalise_valid_frames(feats, lengths)
+            if self.pad_to > 0 and feats.shape[-1] % self.pad_to:
+                feats = torch.nn.functional.pad(feats, (0, self.pad_to - feats.shape[-1] % self.pad_to))
         return feats, lengths

@@ -52,7 +52,7 @@ class TranscribeConfig:
     """Command-line options of ``python -m speechtrain.asr.transcribe``.
 
     Attributes:
-        model_path: a model archive (``.stm``) written by ``SpeechModel.save_to``.
+        model_path: a model archive (``.stm``) written by ``SpeechModel.save_to``, or a NeMo ``.nemo`` checkpoint.
         audio: an audio file, a folder (searched recursively for .wav/.flac/.ogg/.mp3) or a NeMo manifest.
         output: JSON-lines output; default ``<manifest stem>_preds.json`` (manifest input) or
             ``transcripts.json``, in the working directory.

@@ -187,7 +187,8 @@ def read_archive(path: str | Path) -> Archive:
         raise FileNotFoundError(f"No model archive at {path}.")
     members = _read_members(path)
     if MANIFEST not in members:
-        raise ArchiveError(f"{path} is not a speechtrain archive: it has no {MANIFEST}.")
+        hint = " It looks like a NeMo checkpoint: name it *.nemo." if "model_weights.ckpt" in members else ""
+        raise ArchiveError(f"{path} is not a speechtrain archive: it has no {MANIFEST}.{hint}")
     try:
         manifest = json.loads(members[MANIFEST])
     except json.JSONDecodeError as error:
@@ -227,3 +228,13 @@ def read_archive(path: str | Path) -> Archive:
             artifacts[key] = target
             _set_key(config, key, str(target))
     return Archive(config, state_dict, artifacts, trainer_config, artifact_dir)
+
+
+def read_model_file(path: str | Path) -> Archive:
+    """A speechtrain archive, or a NeMo ``.nemo`` checkpoint translated to one
+    (:func:`speechtrain.asr.nemo_import.read_nemo`: NeMo's checkpoints here are ASR models)."""
+    if Path(path).suffix == ".nemo":
+        from speechtrain.asr.nemo_import import read_nemo
+
+        return read_nemo(path)
+    return read_archive(path)

@@ -29,11 +29,11 @@ import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from speechtrain.core.archive import read_archive, write_archive
+from speechtrain.core.archive import read_model_file, write_archive
 from speechtrain.core.config import to_plain, validate_config
 from speechtrain.core.optim import OptimConfig, build_optimizer, build_scheduler
 from speechtrain.lightning import CallbackGroup, Trainer, hook_class_init_with_callbacks, settings
-from speechtrain.lightning.checkpoint import gather_full_state_dict
+from speechtrain.lightning.checkpoint import gather_full_state_dict, shard_full_state_dict
 from speechtrain.lightning.megatron_compat import rng_tracker_states, set_rng_tracker_states
 
 logger = logging.getLogger(__name__)
@@ -91,7 +91,7 @@ def _load_source_state_dict(source: "str | Path | SpeechModel | dict[str, torch.
         if "state_dict" not in checkpoint:
             raise ValueError(f"{path} is not a Lightning checkpoint: it has no 'state_dict'.")
         return checkpoint["state_dict"]
-    return read_archive(path).state_dict
+    return read_model_file(path).state_dict
 
 
 def check_validation_schedule(trainer: Any, sampler: Any, has_validation: bool) -> None:
@@ -204,6 +204,9 @@ class SpeechModel(pl.LightningModule):
         global rank 0 writes.
         """
         path = Path(path)
+        if path.suffix == ".nemo":
+            raise ValueError(f"{path}: {type(self).__name__} cannot be exported to NeMo's .nemo format (NeMo has no "
+                             "such model); save it as .stm.")  # fmt: skip
         state_dict = gather_full_state_dict(self)  # collective under model parallelism: every rank takes part
         trainer = self._trainer
         if trainer is not None and not trainer.is_global_zero:
@@ -226,7 +229,8 @@ class SpeechModel(pl.LightningModule):
         strict: bool = True,
         override_config: dict[str, Any] | None = None,
     ) -> "SpeechModel":
-        """Rebuild a model from an archive written by :meth:`save_to`.
+        """Rebuild a model from an archive written by :meth:`save_to`, or from a NeMo ``.nemo`` checkpoint
+        (:mod:`speechtrain.asr.nemo_import`).
 
         Called on ``SpeechModel`` the archive's recorded class is used; it must be a speechtrain model (or one
         already imported): an archive cannot make this function import arbitrary code. Called on a subclass,
@@ -241,7 +245,7 @@ class SpeechModel(pl.LightningModule):
         group = CallbackGroup.get_instance()
         group.on_load_checkpoint_start()
         try:
-            archive = read_archive(path)
+            archive = read_model_file(path)
             config = archive.config
             target = config.pop(TARGET_KEY, None)
             model_cls = cls if cls is not SpeechModel else cls.resolve_class(target, path)
@@ -275,15 +279,18 @@ class SpeechModel(pl.LightningModule):
 
     @classmethod
     def from_pretrained(cls, name_or_path: str | Path, **kwargs: Any) -> "SpeechModel":
-        """Restore a model from a local archive path or by name from ``SPEECHTRAIN_MODELS_CACHE``.
+        """Restore a model from a local archive path (``.stm``, or NeMo's ``.nemo``) or by name from
+        ``SPEECHTRAIN_MODELS_CACHE``.
 
-        There is no model hub: a name resolves to ``<cache>/<name>.stm`` or the single ``.stm`` inside
+        There is no model hub: a name resolves to ``<cache>/<name>.stm`` or ``.nemo``, or the first such file inside
         ``<cache>/<name>/``.
         """
         path = Path(name_or_path).expanduser()
         if not path.is_file():
             cache = settings.SPEECHTRAIN_MODELS_CACHE
-            candidates = [cache / f"{name_or_path}.stm", *sorted((cache / str(name_or_path)).glob("*.stm"))]
+            candidates = [cache / f"{name_or_path}.stm", cache / f"{name_or_path}.nemo",
+                          *sorted((cache / str(name_or_path)).glob("*.stm")),
+                          *sorted((cache / str(name_or_path)).glob("*.nemo"))]  # fmt: skip
             found = [c for c in candidates if c.is_file()]
             if not found:
                 available = sorted(p.stem for p in cache.glob("*.stm")) if cache.is_dir() else []
@@ -319,6 +326,7 @@ class SpeechModel(pl.LightningModule):
             source_state = _load_source_state_dict(source)
             self.configure_model()
             own_state = self.state_dict()
+            source_state = shard_full_state_dict(self, source_state)  # full tensors -> this rank's TP slices
             report = LoadReport()
             selected = {}
             for key, tensor in source_state.items():
@@ -332,7 +340,7 @@ class SpeechModel(pl.LightningModule):
                     selected[key] = tensor
                     report.loaded.append(key)
             self.load_state_dict(selected, strict=False)
-            report.missing = [key for key in own_state if key not in selected]
+            report.missing = [k for k, v in own_state.items() if k not in selected and isinstance(v, torch.Tensor)]
         finally:
             group.on_load_checkpoint_end()
         logger.info(

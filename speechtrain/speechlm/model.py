@@ -34,7 +34,7 @@ from omegaconf import OmegaConf
 from torch.utils.data import DataLoader
 
 from speechtrain.asr.conformer import ConformerConfig, ConformerEncoder, ConformerLayer, frame_mask, seeded
-from speechtrain.asr.features import LogMelFeatures, PreprocessorConfig
+from speechtrain.asr.features import PreprocessorConfig, build_preprocessor
 from speechtrain.asr.metrics import edit_distance
 from speechtrain.core.model import SpeechModel
 from speechtrain.core.optim import OptimConfig
@@ -70,9 +70,10 @@ class AdapterConfig:
 
 @dataclass
 class PerceptionConfig:
-    """Audio perception. ``asr_model``: an ASR archive (``.stm``) whose preprocessor and encoder shape and weights
-    are taken (its ``preprocessor`` / ``encoder`` replace those given here), and its CTC head with
-    ``compression: ctc`` (CTC compression: about one LLM position per recognised token instead of one per frame).
+    """Audio perception. ``asr_model``: an ASR archive (``.stm``, or a NeMo Conformer/FastConformer ``.nemo``) whose
+    preprocessor and encoder shape and weights are taken (its ``preprocessor`` / ``encoder`` replace those given
+    here), and its CTC head with ``compression: ctc`` (CTC compression: about one LLM position per recognised token
+    instead of one per frame).
     """
 
     asr_model: str | None = None
@@ -156,9 +157,9 @@ def prepare_salm_config(model_cfg: Any) -> None:
         llm.tokenizer_config = str(config) if config.is_file() else None
     asr = model_cfg.perception.asr_model
     if asr:
-        from speechtrain.core.archive import read_archive
+        from speechtrain.core.archive import read_model_file
 
-        archive = read_archive(asr)
+        archive = read_model_file(asr)
         stored = archive.config
         if "encoder" not in stored or "preprocessor" not in stored:
             raise ValueError(f"model.perception.asr_model={asr}: not an ASR model archive (no encoder/preprocessor).")
@@ -237,7 +238,7 @@ class AudioPerception(torch.nn.Module):
         if cfg.compression == "ctc" and not cfg.ctc_vocab:
             raise ValueError("model.perception.compression=ctc needs the ASR model's CTC head: set "
                              "model.perception.asr_model (or ctc_vocab).")  # fmt: skip
-        self.preprocessor = LogMelFeatures(cfg.preprocessor, sample_rate)
+        self.preprocessor = build_preprocessor(cfg.preprocessor, sample_rate)
         self.encoder = ConformerEncoder(cfg.encoder, cfg.preprocessor.n_mels, seed)
         self.ctc_head = torch.nn.Linear(cfg.encoder.d_model, cfg.ctc_vocab) if cfg.compression == "ctc" else None
         self.adapter = ModalityAdapter(cfg.adapter, cfg.encoder, seed + 50_000)
@@ -310,9 +311,9 @@ class SALMModel(SpeechModel):
             logger.info("LLM weights loaded from %s", cfg.llm.hf_path)
         self._match_audio_scale()
         if cfg.perception.asr_model:
-            from speechtrain.core.archive import read_archive
+            from speechtrain.core.archive import read_model_file
 
-            stored = read_archive(cfg.perception.asr_model).state_dict
+            stored = read_model_file(cfg.perception.asr_model).state_dict
             taken = {f"perception.{k}": v for k, v in stored.items() if k.startswith(("encoder.", "preprocessor."))}
             if self.perception.ctc_head is not None:
                 taken.update({f"perception.ctc_head.{k[len('decoder.'):]}": v for k, v in stored.items()

@@ -1,0 +1,458 @@
+"""Read NeMo ``.nemo`` Conformer / FastConformer CTC checkpoints as speechtrain models, and name NeMo's tensors.
+
+A ``.nemo`` file (NeMo 1.x-3.x ASR) is a tar, plain or gzip, of ``model_config.yaml``, ``model_weights.ckpt`` (a
+torch state dict) and artifacts that the config names as ``nemo:<member>`` (the sentencepiece ``tokenizer.model``,
+``vocab.txt``, ...), members often under ``./``. :func:`read_nemo` turns one into an
+:class:`~speechtrain.core.archive.Archive` of a :class:`~speechtrain.asr.ctc.ConformerCTCModel`: the config
+translated (:func:`translate_config`), the weights renamed (:func:`nemo_to_speechtrain`), the tokenizer extracted,
+and the front-end set to ``preprocessor.kind: nemo`` so that the model sees the features it was trained on.
+
+What loads: ``EncDecCTCModelBPE`` (sentencepiece) and ``EncDecCTCModel`` (characters) with a ``ConformerEncoder``
+(``striding`` or ``dw_striding`` subsampling, ``rel_pos`` attention, full context), and the CTC branch of the hybrid
+``EncDecHybridRNNTCTC[BPE]Model`` (the RNN-T decoder and joint are left out, and the log says so). Everything else
+is refused with the file and the setting named: RNN-T-only models, other encoders, limited-context (streaming) or
+local attention, causal convolutions, WordPiece tokenizers, front-end settings other than NeMo's log-mel defaults.
+
+Safety: the weights are read with ``torch.load(weights_only=True)`` (plain tensors only; nothing in the file is
+executed); tar members with absolute paths, ``..`` or links are refused, and so are truncated files.
+
+Two exact re-writings keep the mapping honest: NeMo's key-projection bias is dropped (it adds the same amount to
+every score of a query, which softmax ignores; the export writes zeros), and a NeMo encoder with ``use_bias: false``
+gets zero biases (they train from zero when fine-tuned).
+"""
+
+import io
+import logging
+import math
+import tarfile
+import tempfile
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+import torch
+import yaml
+
+from speechtrain.core.archive import Archive, ArchiveError
+
+logger = logging.getLogger(__name__)
+
+NEMO_CONFIG = "model_config.yaml"
+NEMO_WEIGHTS = "model_weights.ckpt"
+ARTIFACT_PREFIX = "nemo:"
+MAX_MEMBER_BYTES = 64 * 2**30
+TARGET = "speechtrain.asr.ctc.ConformerCTCModel"
+
+CTC_CLASSES = ("EncDecCTCModelBPE", "EncDecCTCModel")
+HYBRID_CLASSES = ("EncDecHybridRNNTCTCBPEModel", "EncDecHybridRNNTCTCModel")
+RNNT_CLASSES = ("EncDecRNNTBPEModel", "EncDecRNNTModel")
+
+
+class NemoImportError(ArchiveError):
+    """A ``.nemo`` file that is unreadable, unsafe, or holds a model speechtrain cannot represent."""
+
+
+def is_nemo_file(path: str | Path) -> bool:
+    """True for a ``.nemo`` path (NeMo's checkpoint format)."""
+    return Path(path).suffix == ".nemo"
+
+
+# --------------------------------------------------------------------------------------------- the tar itself
+def _member_name(path: Path, info: tarfile.TarInfo) -> str | None:
+    """The member's name without a leading ``./`` (None for the root folder); unsafe names are refused."""
+    name = info.name
+    pure = PurePosixPath(name)
+    if pure.is_absolute() or name.startswith("/") or ".." in pure.parts or "\\" in name:
+        raise NemoImportError(f"{path}: refusing tar member with an unsafe path {name!r} (absolute or '..').")
+    if info.issym() or info.islnk():
+        raise NemoImportError(f"{path}: refusing tar member {name!r}: it is a link ({info.linkname!r}).")
+    parts = [p for p in pure.parts if p != "."]
+    if info.isdir():
+        return None
+    if not info.isfile():
+        raise NemoImportError(f"{path}: refusing tar member {name!r}: only regular files are allowed.")
+    return "/".join(parts)
+
+
+def read_members(path: str | Path) -> dict[str, bytes]:
+    """Every regular file of a ``.nemo`` tar (plain or gzip), by name without ``./``.
+
+    Raises:
+        FileNotFoundError: no such file.
+        NemoImportError: not a tar, truncated, or an unsafe member (absolute path, ``..``, link, device).
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"No .nemo file at {path}.")
+    members: dict[str, bytes] = {}
+    try:
+        with tarfile.open(path, mode="r:*") as tar:
+            for info in tar:
+                name = _member_name(path, info)
+                if name is None:
+                    continue
+                if info.size > MAX_MEMBER_BYTES:
+                    raise NemoImportError(f"{path}: member {name!r} is implausibly large ({info.size} bytes).")
+                handle = tar.extractfile(info)
+                members[name] = handle.read() if handle is not None else b""
+    except (tarfile.TarError, EOFError, zlib.error, OSError) as error:
+        raise NemoImportError(f"{path} is not a readable .nemo archive (truncated or corrupt tar?): {error}") from None
+    for required in (NEMO_CONFIG, NEMO_WEIGHTS):
+        if required not in members:
+            raise NemoImportError(f"{path} is not a complete .nemo archive: it has no {required} (truncated?).")
+    return members
+
+
+def load_weights(path: Path, data: bytes) -> dict[str, torch.Tensor]:
+    """The state dict in ``model_weights.ckpt``, read with ``weights_only=True``: only tensors and plain containers
+    are accepted, so nothing in the file can run code."""
+    try:
+        obj = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+    except Exception as error:  # torch raises UnpicklingError, RuntimeError, ... for anything else
+        # torch's message opens with advice to retry with weights_only=False; keep only what it found.
+        lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+        found = [line for line in lines if "GLOBAL" in line or line.startswith("Unsupported")]
+        reason = (found or lines or [type(error).__name__])[0]
+        raise NemoImportError(
+            f"{path}: {NEMO_WEIGHTS} is not a plain state dict of tensors; torch.load(weights_only=True) refused it "
+            f"({reason}). Nothing from it was executed."
+        ) from None
+    if isinstance(obj, dict) and isinstance(obj.get("state_dict"), dict):
+        obj = obj["state_dict"]
+    plain = isinstance(obj, dict) and all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in obj.items())
+    if not plain:
+        raise NemoImportError(f"{path}: {NEMO_WEIGHTS} does not hold a state dict (names -> tensors).")
+    return obj
+
+
+# --------------------------------------------------------------------------------------------- config translation
+@dataclass
+class NemoModelInfo:
+    """What :func:`translate_config` found out about a NeMo model.
+
+    Attributes:
+        model_class: NeMo's class name (``EncDecCTCModelBPE``, ...).
+        hybrid: a hybrid RNN-T/CTC model (its CTC branch is loaded).
+        head: the CTC head's state-dict prefix (``decoder`` or ``ctc_decoder``).
+        tokenizer: ``bpe`` (a sentencepiece artifact) or ``char`` (the decoder's vocabulary).
+        use_bias: NeMo's ``encoder.use_bias``.
+        notes: what was left out or changed, for the log.
+    """
+
+    model_class: str
+    hybrid: bool
+    head: str
+    tokenizer: str
+    use_bias: bool = True
+    notes: list[str] = field(default_factory=list)
+
+
+def _class_name(cfg: dict[str, Any]) -> str:
+    target = cfg.get("target") or cfg.get("_target_") or ""
+    if target:
+        return str(target).rsplit(".", 1)[-1]
+    decoder = str((cfg.get("decoder") or {}).get("_target_", ""))
+    if "aux_ctc" in cfg:
+        return HYBRID_CLASSES[0] if "tokenizer" in cfg else HYBRID_CLASSES[1]
+    if decoder.endswith("RNNTDecoder"):
+        return RNNT_CLASSES[0]
+    return CTC_CLASSES[0] if "tokenizer" in cfg else CTC_CLASSES[1]
+
+
+def _refuse(path: Path, what: str) -> NemoImportError:
+    return NemoImportError(f"{path}: {what}; speechtrain cannot represent it, so the file is refused.")
+
+
+def _encoder(path: Path, enc: dict[str, Any], n_mels: int) -> dict[str, Any]:
+    target = str(enc.get("_target_", "ConformerEncoder"))
+    if not target.endswith("ConformerEncoder"):
+        raise _refuse(path, f"encoder._target_ is {target!r} (only NeMo's ConformerEncoder loads)")
+    attention = enc.get("self_attention_model", "rel_pos")
+    if attention != "rel_pos":
+        raise _refuse(path, f"encoder.self_attention_model is {attention!r} (only rel_pos attention loads)")
+    context = enc.get("att_context_size")
+    flat = [v for c in context for v in (c if isinstance(c, list) else [c])] if context else []
+    if any(v != -1 for v in flat):
+        raise _refuse(path, f"encoder.att_context_size is {context} (limited-context, streaming attention)")
+    if enc.get("causal_downsampling"):
+        raise _refuse(path, "encoder.causal_downsampling is true (causal subsampling)")
+    kernel = int(enc.get("conv_kernel_size", 31))
+    conv_context = enc.get("conv_context_size")
+    if conv_context not in (None, "symmetric") and list(conv_context) != [(kernel - 1) // 2] * 2:
+        raise _refuse(path, f"encoder.conv_context_size is {conv_context!r} (causal or asymmetric convolutions)")
+    subsampling = enc.get("subsampling", "striding")
+    if subsampling not in ("striding", "dw_striding"):
+        raise _refuse(path, f"encoder.subsampling is {subsampling!r} (striding and dw_striding load)")
+    norm = enc.get("conv_norm_type", "batch_norm")
+    if norm not in ("batch_norm", "layer_norm"):
+        raise _refuse(path, f"encoder.conv_norm_type is {norm!r} (batch_norm and layer_norm load)")
+    for key, neutral in (("feat_out", -1), ("reduction", None), ("global_tokens", 0)):
+        if enc.get(key, neutral) not in (neutral, None):
+            raise _refuse(path, f"encoder.{key} is {enc[key]!r}")
+    if int(enc.get("feat_in", n_mels)) != n_mels:
+        raise NemoImportError(f"{path}: encoder.feat_in={enc['feat_in']}, but the preprocessor makes {n_mels} "
+                              "features.")  # fmt: skip
+    channels = int(enc.get("subsampling_conv_channels", -1))
+    return {
+        "d_model": int(enc["d_model"]),
+        "num_layers": int(enc["n_layers"]),
+        "num_heads": int(enc.get("n_heads", 4)),
+        "ff_expansion_factor": int(enc.get("ff_expansion_factor", 4)),
+        "conv_kernel_size": kernel,
+        "conv_norm_type": norm,
+        "subsampling": subsampling,
+        "subsampling_factor": int(enc.get("subsampling_factor", 4)),
+        "subsampling_conv_channels": channels if channels > 0 else int(enc["d_model"]),
+        "dropout": float(enc.get("dropout", 0.1)),
+        "dropout_att": float(enc.get("dropout_att", 0.0)),
+        "xscaling": bool(enc.get("xscaling", True)),
+        "untie_biases": bool(enc.get("untie_biases", True)),
+    }
+
+
+def _preprocessor(path: Path, pre: dict[str, Any], sample_rate: int) -> dict[str, Any]:
+    target = str(pre.get("_target_", "AudioToMelSpectrogramPreprocessor"))
+    if not target.endswith("AudioToMelSpectrogramPreprocessor"):
+        raise _refuse(path, f"preprocessor._target_ is {target!r} (only AudioToMelSpectrogramPreprocessor loads)")
+    expected = {"normalize": "per_feature", "window": "hann", "log": True, "log_zero_guard_type": "add",
+                "log_zero_guard_value": 2**-24, "mag_power": 2.0, "frame_splicing": 1, "exact_pad": False,
+                "pad_value": 0.0, "stft_conv": False, "stft_exact_pad": False}  # fmt: skip
+    for key, value in expected.items():
+        if key in pre and pre[key] != value:
+            raise _refuse(path, f"preprocessor.{key} is {pre[key]!r} (the NeMo front-end here supports {value!r})")
+    window = pre.get("n_window_size") or int(float(pre.get("window_size", 0.02)) * sample_rate)
+    hop = pre.get("n_window_stride") or int(float(pre.get("window_stride", 0.01)) * sample_rate)
+    n_fft = pre.get("n_fft") or 2 ** math.ceil(math.log2(window))
+    pad_to = pre.get("pad_to", 16)
+    if not isinstance(pad_to, int):
+        raise _refuse(path, f"preprocessor.pad_to is {pad_to!r} (an integer loads)")
+    return {
+        "kind": "nemo",
+        "n_mels": int(pre.get("features", pre.get("nfilt", 64))),
+        "window_size": window / sample_rate,
+        "window_stride": hop / sample_rate,
+        "n_fft": int(n_fft),
+        "dither": float(pre.get("dither", 1e-5)),
+        "preemph": float(pre.get("preemph", 0.97) or 0.0),
+        "pad_to": pad_to,
+    }
+
+
+def _spec_augment(aug: dict[str, Any] | None) -> dict[str, Any] | None:
+    if not aug or not (aug.get("freq_masks", 0) or aug.get("time_masks", 0)):
+        return None
+    return {"freq_masks": int(aug.get("freq_masks", 0)), "freq_width": int(aug.get("freq_width", 10)),
+            "time_masks": int(aug.get("time_masks", 0)), "time_width": aug.get("time_width", 10)}  # fmt: skip
+
+
+def translate_config(nemo_cfg: dict[str, Any], path: str | Path) -> tuple[dict[str, Any], NemoModelInfo]:
+    """A NeMo model config -> a :class:`~speechtrain.asr.ctc.ConformerCTCConfig` dict (without the tokenizer
+    file, which :func:`read_nemo` fills in) and what was found. ``train_ds``, ``validation_ds`` and ``optim`` are
+    not taken (they name the original run's data and schedule): the fine-tuning config sets them.
+
+    Raises:
+        NemoImportError: naming the class or setting that speechtrain cannot represent.
+    """
+    path = Path(path)
+    if not isinstance(nemo_cfg, dict):
+        raise NemoImportError(f"{path}: {NEMO_CONFIG} is not a mapping.")
+    name = _class_name(nemo_cfg)
+    if name in RNNT_CLASSES:
+        raise _refuse(path, f"it holds an {name} (an RNN-T-only model: speechtrain loads CTC and hybrid RNN-T/CTC "
+                            "checkpoints)")  # fmt: skip
+    if name not in CTC_CLASSES + HYBRID_CLASSES:
+        raise _refuse(path, f"it holds a {name or 'model of unknown class'} (supported: "
+                            f"{', '.join(CTC_CLASSES + HYBRID_CLASSES)})")  # fmt: skip
+    hybrid = name in HYBRID_CLASSES
+    info = NemoModelInfo(name, hybrid, "ctc_decoder" if hybrid else "decoder", "bpe" if "BPE" in name else "char")
+    sample_rate = int(nemo_cfg.get("sample_rate", 16000))
+    preprocessor = _preprocessor(path, dict(nemo_cfg.get("preprocessor") or {}), sample_rate)
+    enc = dict(nemo_cfg.get("encoder") or {})
+    if "d_model" not in enc or "n_layers" not in enc:
+        raise NemoImportError(f"{path}: {NEMO_CONFIG} has no encoder.d_model / encoder.n_layers.")
+    encoder = _encoder(path, enc, preprocessor["n_mels"])
+    info.use_bias = bool(enc.get("use_bias", True))
+    if not info.use_bias:
+        info.notes.append("encoder.use_bias is false: the encoder's biases start at zero")
+    if float(enc.get("stochastic_depth_drop_prob", 0.0) or 0.0) > 0:
+        info.notes.append("stochastic depth is not applied when fine-tuning here (it never is at inference)")
+    head = (nemo_cfg.get("aux_ctc") or {}).get("decoder") if hybrid else nemo_cfg.get("decoder")
+    head = dict(head or {})
+    if not str(head.get("_target_", "ConvASRDecoder")).endswith("ConvASRDecoder"):
+        raise _refuse(path, f"its CTC decoder is a {head['_target_']!r} (only ConvASRDecoder loads)")
+    reduction = "mean_volume" if nemo_cfg.get("ctc_reduction", "mean_batch") == "mean_volume" else "mean_batch"
+    config: dict[str, Any] = {
+        "sample_rate": sample_rate,
+        "preprocessor": preprocessor,
+        "spec_augment": _spec_augment(nemo_cfg.get("spec_augment")),
+        "encoder": encoder,
+        "ctc_reduction": reduction,
+    }
+    vocabulary = list(head.get("vocabulary") or nemo_cfg.get("labels") or [])
+    if info.tokenizer == "char":
+        if not vocabulary:
+            raise NemoImportError(f"{path}: a character model without decoder.vocabulary.")
+        config["tokenizer"] = {"vocab": vocabulary}
+    else:
+        kind = (nemo_cfg.get("tokenizer") or {}).get("type", "bpe")
+        if kind != "bpe":
+            what = "a WordPiece tokenizer" if kind == "wpe" else f"a {kind!r} tokenizer"
+            raise _refuse(path, f"tokenizer.type is {kind!r} ({what}; sentencepiece 'bpe' tokenizers load)")
+    if hybrid:
+        info.notes.append("a hybrid RNN-T/CTC model: its CTC branch (ctc_decoder) is loaded; the RNN-T decoder and "
+                          "joint are left out")  # fmt: skip
+    return config, info
+
+
+# --------------------------------------------------------------------------------------------- weight names
+NORMS = (("norm_feed_forward1", "ff1_norm"), ("norm_self_att", "attn_norm"), ("norm_conv", "conv_norm"),
+         ("norm_feed_forward2", "ff2_norm"), ("norm_out", "out_norm"))  # fmt: skip
+
+
+def name_pairs(encoder: dict[str, Any], head: str = "decoder") -> list[tuple[str, str, bool]]:
+    """``(NeMo name, speechtrain name, is_conv1x1)`` for every tensor both models hold; ``is_conv1x1`` marks NeMo
+    Conv1d weights (out, in, 1) that are our linear weights (out, in). Tied relative-position biases are listed for
+    layer 0 only; NeMo's key-projection bias has no counterpart (see the module docstring)."""
+    pairs = [("preprocessor.featurizer.window", "preprocessor.window", False),
+             ("preprocessor.featurizer.fb", "preprocessor.fb", False)]  # fmt: skip
+
+    def both(nemo: str, ours: str, conv: bool = False) -> None:
+        pairs.extend([(f"{nemo}.weight", f"{ours}.weight", conv), (f"{nemo}.bias", f"{ours}.bias", False)])
+
+    for step in range(int(math.log2(encoder["subsampling_factor"]))):
+        if encoder["subsampling"] == "striding":
+            both(f"encoder.pre_encode.conv.{2 * step}", f"encoder.subsampling.convs.{step}")
+        elif step == 0:
+            both("encoder.pre_encode.conv.0", "encoder.subsampling.convs.0")
+        else:
+            both(f"encoder.pre_encode.conv.{3 * step - 1}", f"encoder.subsampling.convs.{step}.0")
+            both(f"encoder.pre_encode.conv.{3 * step}", f"encoder.subsampling.convs.{step}.1")
+    both("encoder.pre_encode.out", "encoder.subsampling.out")
+    for i in range(encoder["num_layers"]):
+        n, o = f"encoder.layers.{i}.", f"encoder.layers.{i}."
+        for nemo, ours in NORMS:
+            both(n + nemo, o + ours)
+        for ff in ("1", "2"):
+            both(f"{n}feed_forward{ff}.linear1", f"{o}ff{ff}.up.linear")
+            both(f"{n}feed_forward{ff}.linear2", f"{o}ff{ff}.down.linear")
+        both(n + "self_attn.linear_q", o + "attention.query.linear")
+        pairs.append((n + "self_attn.linear_k.weight", o + "attention.key.linear.weight", False))
+        both(n + "self_attn.linear_v", o + "attention.value.linear")
+        both(n + "self_attn.linear_out", o + "attention.out.linear")
+        pairs.append((n + "self_attn.linear_pos.weight", o + "attention.position.linear.weight", False))
+        if encoder.get("untie_biases", True) or i == 0:
+            pairs += [(n + f"self_attn.pos_bias_{b}", o + f"attention.pos_bias_{b}", False) for b in "uv"]
+        both(n + "conv.pointwise_conv1", o + "conv.pointwise_in.linear", conv=True)
+        both(n + "conv.depthwise_conv", o + "conv.depthwise")
+        both(n + "conv.batch_norm", o + "conv.norm")
+        if encoder.get("conv_norm_type", "batch_norm") == "batch_norm":
+            pairs += [(f"{n}conv.batch_norm.{s}", f"{o}conv.norm.{s}", False)
+                      for s in ("running_mean", "running_var", "num_batches_tracked")]  # fmt: skip
+        both(n + "conv.pointwise_conv2", o + "conv.pointwise_out.linear", conv=True)
+    both(f"{head}.decoder_layers.0", "decoder", conv=True)
+    return pairs
+
+
+def _layer_extras(name: str) -> bool:
+    """NeMo tensors with no counterpart here that an import may drop (checked by the caller)."""
+    return name.endswith("self_attn.linear_k.bias") or "pos_bias_" in name
+
+
+def nemo_to_speechtrain(
+    state: dict[str, torch.Tensor], encoder: dict[str, Any], info: NemoModelInfo, path: str | Path
+) -> dict[str, torch.Tensor]:
+    """NeMo's state dict -> ours (full, unsharded tensors).
+
+    Raises:
+        NemoImportError: a tensor is missing, or the file holds tensors that match nothing (named).
+    """
+    out: dict[str, torch.Tensor] = {}
+    used: set[str] = set()
+    missing = []
+    for nemo, ours, conv in name_pairs(encoder, info.head):
+        tensor = state.get(nemo)
+        if tensor is None and not info.use_bias and nemo.startswith("encoder.layers.") and nemo.endswith(".bias"):
+            weight = state.get(nemo[: -len("bias")] + "weight")
+            tensor = torch.zeros(weight.shape[0]) if weight is not None else None
+        if tensor is None:
+            missing.append(nemo)
+            continue
+        used.add(nemo)
+        out[ours] = tensor.squeeze(-1) if conv else tensor
+    if missing:
+        raise NemoImportError(f"{path}: {NEMO_WEIGHTS} lacks {len(missing)} tensors the config implies, e.g. "
+                              f"{', '.join(missing[:4])}.")  # fmt: skip
+    left = [k for k in state if k not in used]
+    if not encoder.get("untie_biases", True):
+        for i in range(1, encoder["num_layers"]):
+            for b in "uv":
+                key = f"encoder.layers.{i}.self_attn.pos_bias_{b}"
+                if key in state and not torch.equal(state[key], state[f"encoder.layers.0.self_attn.pos_bias_{b}"]):
+                    raise NemoImportError(f"{path}: untie_biases is false but {key} differs from layer 0's.")
+    dropped = [k for k in left if info.hybrid and k.startswith(("decoder.", "joint."))]
+    unknown = [k for k in left if k not in dropped and not _layer_extras(k)]
+    if unknown:
+        raise NemoImportError(
+            f"{path}: {NEMO_WEIGHTS} holds {len(unknown)} tensors that a Conformer-CTC model does not have (adapters "
+            f"or another architecture?), e.g. {', '.join(unknown[:4])}."
+        )
+    if dropped:
+        logger.info("%s: left out %d RNN-T decoder/joint tensors of the hybrid model.", path, len(dropped))
+    return out
+
+
+# --------------------------------------------------------------------------------------------- the whole file
+def _artifact(path: Path, members: dict[str, bytes], key: str, value: Any) -> bytes:
+    if not isinstance(value, str) or not value:
+        raise NemoImportError(f"{path}: {key} is missing from {NEMO_CONFIG} (the tokenizer artifact).")
+    name = value[len(ARTIFACT_PREFIX) :] if value.startswith(ARTIFACT_PREFIX) else PurePosixPath(value).name
+    name = name[2:] if name.startswith("./") else name
+    if name not in members:
+        raise NemoImportError(f"{path}: {key} names {value!r}, but the archive has no member {name!r} (missing "
+                              "tokenizer artifact).")  # fmt: skip
+    return members[name]
+
+
+def read_nemo(path: str | Path) -> Archive:
+    """Read a ``.nemo`` file as the archive of a :class:`~speechtrain.asr.ctc.ConformerCTCModel` (config with
+    ``_target_``, full state dict, the tokenizer extracted to a temporary folder that lives with the result).
+
+    Raises:
+        FileNotFoundError, NemoImportError: see :func:`read_members`, :func:`load_weights`, :func:`translate_config`.
+    """
+    path = Path(path)
+    members = read_members(path)
+    try:
+        nemo_cfg = yaml.safe_load(members[NEMO_CONFIG])
+    except yaml.YAMLError as error:
+        raise NemoImportError(f"{path}: {NEMO_CONFIG} is not valid YAML: {error}") from None
+    config, info = translate_config(nemo_cfg, path)
+    state = load_weights(path, members[NEMO_WEIGHTS])
+    weights = nemo_to_speechtrain(state, config["encoder"], info, path)
+    artifact_dir, artifacts = None, {}
+    if info.tokenizer == "bpe":
+        data = _artifact(path, members, "tokenizer.model_path", (nemo_cfg.get("tokenizer") or {}).get("model_path"))
+        artifact_dir = tempfile.TemporaryDirectory(prefix="speechtrain-nemo-")
+        target = Path(artifact_dir.name) / "tokenizer.model"
+        target.write_bytes(data)
+        from speechtrain.asr.tokenizers import SentencePieceTokenizer
+
+        try:
+            tokens = SentencePieceTokenizer(target).vocab_size
+        except ValueError:
+            raise NemoImportError(f"{path}: the tokenizer artifact is not a SentencePiece model.") from None
+        config["tokenizer"] = {"path": str(target)}
+        artifacts["tokenizer.path"] = target
+    else:
+        tokens = len(config["tokenizer"]["vocab"])
+    outputs = weights["decoder.weight"].shape[0]
+    if outputs != tokens + 1:
+        raise NemoImportError(f"{path}: the CTC head has {outputs} outputs but the tokenizer has {tokens} tokens "
+                              "(expected tokens + 1, the blank last).")  # fmt: skip
+    for note in info.notes:
+        logger.warning("%s: %s.", path, note)
+    logger.info("Imported NeMo %s from %s: %d layers, d_model %d, %s x%d, %d tokens.", info.model_class, path,
+                config["encoder"]["num_layers"], config["encoder"]["d_model"], config["encoder"]["subsampling"],
+                config["encoder"]["subsampling_factor"], tokens)  # fmt: skip
+    return Archive({"_target_": TARGET, **config}, weights, artifacts, None, artifact_dir)

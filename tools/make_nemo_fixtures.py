@@ -1,0 +1,222 @@
+"""Build the tiny NeMo ``.nemo`` fixtures that the tests load without NeMo (``tests/fixtures/nemo/``).
+
+Needs NeMo (``pip install nemo-toolkit[asr]``, in its own environment); run from the repository root::
+
+    python tools/make_nemo_fixtures.py [--out tests/fixtures/nemo]
+
+For each fixture it builds a tiny random NeMo model (seeded; every weight and batch-norm statistic drawn away from
+its initial value so that a wrong mapping shows), saves it with NeMo's own ``save_to``, and runs it in eval mode on
+a fixed batch of two utterances of different lengths (``input_a.wav``, ``input_b.wav``, 16-bit PCM, written here
+and read back so that NeMo and the tests see the same samples). NeMo's CTC log-probs and output lengths go to
+``<name>.expected.safetensors``. The archives are recompressed with gzip, as NeMo 1.x wrote them.
+``manifest.json`` records the NeMo and torch versions.
+"""
+
+import argparse
+import io
+import json
+import math
+import tarfile
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import sentencepiece as spm
+import soundfile as sf
+import torch
+from omegaconf import OmegaConf
+from safetensors.torch import save_file
+
+SAMPLE_RATE = 16000
+LENGTHS = (12000, 7000)  # a batch of two different lengths
+TEXT = (
+    "the quick brown fox jumps over the lazy dog while a zebra and a jaguar quietly watch "
+    "seven wizards vex the jumping king's quiz of boxes an expert pilot flies through heavy fog"
+)
+
+FIXTURES = {
+    # name: (encoder overrides, preprocessor overrides, hybrid)
+    "fastconformer_ctc": ({"subsampling": "dw_striding", "subsampling_factor": 8, "xscaling": True,
+                           "untie_biases": True}, {}, False),
+    "fastconformer_ctc_noxs_tied": ({"subsampling": "dw_striding", "subsampling_factor": 8, "xscaling": False,
+                                     "untie_biases": False}, {}, False),
+    "conformer_ctc": ({"subsampling": "striding", "subsampling_factor": 4, "xscaling": True, "untie_biases": False,
+                       "conv_kernel_size": 7, "conv_norm_type": "layer_norm", "n_heads": 4},
+                      {"pad_to": 16}, False),
+    "fastconformer_hybrid": ({"subsampling": "dw_striding", "subsampling_factor": 8, "xscaling": True,
+                              "untie_biases": True}, {}, True),
+}  # fmt: skip
+
+
+def make_tokenizer(folder: Path) -> None:
+    """A tiny BPE model in NeMo's layout (``tokenizer.model``, ``tokenizer.vocab``, ``vocab.txt``)."""
+    text = folder / "text.txt"
+    text.write_text("\n".join([TEXT] * 4) + "\n")
+    spm.SentencePieceTrainer.train(
+        input=str(text), model_prefix=str(folder / "tokenizer"), vocab_size=40, model_type="bpe",
+        character_coverage=1.0, bos_id=-1, eos_id=-1, normalization_rule_name="identity", minloglevel=2,
+    )  # fmt: skip
+    sp = spm.SentencePieceProcessor(model_file=str(folder / "tokenizer.model"))
+    (folder / "vocab.txt").write_text("".join(sp.id_to_piece(i) + "\n" for i in range(sp.get_piece_size())))
+    text.unlink()
+
+
+def model_config(tokenizer_dir: Path, encoder: dict, preprocessor: dict, hybrid: bool) -> dict:
+    d_model = 16
+    enc = {
+        "_target_": "nemo.collections.asr.modules.ConformerEncoder", "feat_in": 20, "feat_out": -1, "n_layers": 2,
+        "d_model": d_model, "subsampling_conv_channels": 8, "causal_downsampling": False, "ff_expansion_factor": 2,
+        "self_attention_model": "rel_pos", "n_heads": 2, "att_context_size": [-1, -1], "pos_emb_max_len": 5000,
+        "conv_kernel_size": 9, "conv_norm_type": "batch_norm", "conv_context_size": None, "dropout": 0.1,
+        "dropout_pre_encoder": 0.1, "dropout_emb": 0.0, "dropout_att": 0.1, **encoder,
+    }  # fmt: skip
+    cfg = {
+        "sample_rate": SAMPLE_RATE,
+        "log_prediction": False,
+        "ctc_reduction": "mean_volume",
+        "tokenizer": {"dir": str(tokenizer_dir), "type": "bpe"},
+        "preprocessor": {
+            "_target_": "nemo.collections.asr.modules.AudioToMelSpectrogramPreprocessor",
+            "sample_rate": SAMPLE_RATE,
+            "normalize": "per_feature",
+            "window_size": 0.025,
+            "window_stride": 0.01,
+            "window": "hann",
+            "features": 20,
+            "n_fft": 512,
+            "log": True,
+            "frame_splicing": 1,
+            "dither": 1e-5,
+            "pad_to": 0,
+            "pad_value": 0.0,
+            **preprocessor,
+        },  # fmt: skip
+        "spec_augment": {
+            "_target_": "nemo.collections.asr.modules.SpectrogramAugmentation",
+            "freq_masks": 2,
+            "time_masks": 2,
+            "freq_width": 4,
+            "time_width": 0.05,
+        },  # fmt: skip
+        "encoder": enc,
+        "optim": {"name": "adamw", "lr": 1e-3},
+    }
+    ctc_decoder = {"_target_": "nemo.collections.asr.modules.ConvASRDecoder", "feat_in": d_model, "num_classes": -1,
+                   "vocabulary": []}  # fmt: skip
+    if not hybrid:
+        cfg["decoder"] = ctc_decoder
+        cfg["decoding"] = {"strategy": "greedy"}
+        return cfg
+    cfg["model_defaults"] = {"enc_hidden": d_model, "pred_hidden": 16, "joint_hidden": 16}
+    cfg["decoder"] = {
+        "_target_": "nemo.collections.asr.modules.RNNTDecoder",
+        "normalization_mode": None,
+        "random_state_sampling": False,
+        "blank_as_pad": True,
+        "prednet": {"pred_hidden": 16, "pred_rnn_layers": 1, "t_max": None, "dropout": 0.1},
+    }
+    cfg["joint"] = {
+        "_target_": "nemo.collections.asr.modules.RNNTJoint",
+        "log_softmax": None,
+        "preserve_memory": False,
+        "fuse_loss_wer": False,
+        "fused_batch_size": 4,
+        "jointnet": {"joint_hidden": 16, "activation": "relu", "dropout": 0.1},
+    }
+    cfg["decoding"] = {"strategy": "greedy_batch", "greedy": {"max_symbols": 5}}
+    cfg["loss"] = {"loss_name": "default"}
+    cfg["aux_ctc"] = {"ctc_loss_weight": 0.3, "use_cer": False, "ctc_reduction": "mean_batch",
+                      "decoder": ctc_decoder, "decoding": {"strategy": "greedy"}}  # fmt: skip
+    return cfg  # fmt: skip
+
+
+def randomise(model: torch.nn.Module, seed: int) -> None:
+    """Draw every encoder/decoder tensor away from its initialisation (the preprocessor's buffers are kept)."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, tensor in model.state_dict().items():
+            if name.startswith("preprocessor.") or not tensor.is_floating_point():
+                continue
+            noise = torch.randn(tensor.shape, generator=generator)
+            if name.endswith("running_var"):
+                tensor.copy_(0.5 + torch.rand(tensor.shape, generator=generator))
+            elif name.endswith("running_mean") or "pos_bias" in name:
+                tensor.copy_(0.3 * noise)
+            elif tensor.dim() == 1:
+                tensor.add_(0.2 * noise)
+            else:
+                tensor.add_(0.5 * noise * tensor.std().clamp(min=0.05))
+
+
+def make_inputs(out: Path) -> tuple[torch.Tensor, torch.Tensor]:
+    """Two speech-like signals (harmonic tones with a moving pitch and noise), saved as 16-bit WAV and read back."""
+    rng = np.random.default_rng(0)
+    waves = []
+    for index, length in enumerate(LENGTHS):
+        t = np.arange(length) / SAMPLE_RATE
+        pitch = 120 + 40 * index + 30 * np.sin(2 * math.pi * 3 * t)
+        phase = 2 * math.pi * np.cumsum(pitch) / SAMPLE_RATE
+        wave = sum(np.sin(k * phase) / k for k in range(1, 8)) * (0.6 + 0.4 * np.sin(2 * math.pi * 4 * t))
+        wave = 0.2 * wave + 0.01 * rng.standard_normal(length)
+        path = out / f"input_{'ab'[index]}.wav"
+        sf.write(path, wave, SAMPLE_RATE, subtype="PCM_16")
+        waves.append(torch.from_numpy(sf.read(path, dtype="float32")[0]))
+    audio = torch.zeros(len(waves), max(LENGTHS))
+    for i, wave in enumerate(waves):
+        audio[i, : len(wave)] = wave
+    return audio, torch.tensor(LENGTHS)
+
+
+def gzip_archive(path: Path) -> None:
+    """Recompress NeMo's plain tar with gzip, as NeMo 1.x wrote them (the loader reads both; smaller fixtures)."""
+    with tarfile.open(path, "r:") as source:
+        members = [(info, source.extractfile(info).read() if info.isfile() else None) for info in source]
+    with tarfile.open(path, "w:gz") as target:
+        for info, data in members:
+            target.addfile(info, io.BytesIO(data) if data is not None else None)
+
+
+def ctc_log_probs(model, audio: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    with torch.no_grad():
+        if hasattr(model, "ctc_decoder"):
+            encoded, encoded_len = model.forward(input_signal=audio, input_signal_length=lengths)
+            return model.ctc_decoder(encoder_output=encoded), encoded_len
+        log_probs, encoded_len, _ = model.forward(input_signal=audio, input_signal_length=lengths)
+        return log_probs, encoded_len
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=Path("tests/fixtures/nemo"))
+    args = parser.parse_args()
+    import nemo
+    from nemo.collections.asr.models import EncDecCTCModelBPE, EncDecHybridRNNTCTCBPEModel
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    audio, lengths = make_inputs(args.out)
+    records = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        make_tokenizer(Path(tmp))
+        for seed, (name, (encoder, preprocessor, hybrid)) in enumerate(FIXTURES.items()):
+            torch.manual_seed(seed)
+            cfg = OmegaConf.create(model_config(Path(tmp), encoder, preprocessor, hybrid))
+            model = (EncDecHybridRNNTCTCBPEModel if hybrid else EncDecCTCModelBPE)(cfg=cfg)
+            randomise(model, seed)
+            model.eval()
+            path = args.out / f"{name}.nemo"
+            model.save_to(str(path))
+            gzip_archive(path)
+            log_probs, out_lengths = ctc_log_probs(model, audio, lengths)
+            save_file({"log_probs": log_probs.float().contiguous(), "lengths": out_lengths.long()},
+                      args.out / f"{name}.expected.safetensors")  # fmt: skip
+            records[name] = {"class": type(model).__name__, "encoder": encoder, "preprocessor": preprocessor,
+                             "log_probs_shape": list(log_probs.shape), "lengths": out_lengths.tolist(),
+                             "bytes": path.stat().st_size}  # fmt: skip
+            print(name, records[name])
+    manifest = {"nemo": nemo.__version__, "torch": torch.__version__, "inputs": ["input_a.wav", "input_b.wav"],
+                "fixtures": records}  # fmt: skip
+    (args.out / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
