@@ -242,6 +242,10 @@ def test_the_example_picks_the_transducer_for_its_configs_and_trains(tmp_path, d
     for name in ("asr_train_tdt", "asr_train_rnnt", "asr_train_hybrid"):
         assert asr_job_classes(["--config-name", name], conf)[0] is ConformerTransducerConfig
         assert asr_job_classes([f"--config-name={name}"], conf)[0] is ConformerTransducerConfig
+    schema = train_job_schema(ConformerTransducerConfig)
+    demo = compose_config(conf, "asr_train_tdt", [], schema)  # make demo-tdt: the CTC demo's setup with TDT
+    assert (demo.model.size, demo.trainer.max_time, demo.model.loss) == ("demo", "00:00:23:00", "tdt")
+    assert compose_config(conf, "asr_train_rnnt", [], schema).model.loss == "rnnt"
     tokenizer = tmp_path / "digits.json"
     CharTokenizer(DIGITS).save(tokenizer)
     overrides = [f"exp_manager.exp_dir={tmp_path / 'exp'}", "trainer.max_time=null", "trainer.max_steps=4",
@@ -254,7 +258,7 @@ def test_the_example_picks_the_transducer_for_its_configs_and_trains(tmp_path, d
                  "model.preprocessor.n_mels=16", "model.prediction.pred_hidden=16", "model.joint.joint_hidden=16",
                  "model.train_ds.batch_size=8", "model.train_ds.batch_duration=null", "model.train_ds.num_workers=0",
                  "model.decoding.lm_order=0", "exp_manager.checkpoint_callback_params.save_top_k=1"]  # fmt: skip
-    cfg = compose_config(conf, "asr_train_hybrid", overrides, train_job_schema(ConformerTransducerConfig))
+    cfg = compose_config(conf, "asr_train_hybrid", overrides, schema)
     spec = importlib.util.spec_from_file_location("asr_train_example", EXAMPLES / "asr_train.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
