@@ -24,6 +24,7 @@ joint network that produces them can be run in sub-batches (:mod:`speechtrain.as
 """
 
 import torch
+import torch.nn.functional as F
 
 # A finite "minus infinity": sums of a few stay finite in fp32, and exp() of it is 0, so cells that no path reaches
 # have zero (never NaN) gradients.
@@ -70,18 +71,28 @@ def transducer_loss_from_terms(
     blank_skewed = torch.where(zero, NEG, blank_skewed)  # a blank always advances
 
     dtype = blank_skewed.dtype
+    # Per diagonal n, the terms of every move that lands on it, stacked: blanks of duration d come from diagonal
+    # n - d (same u), labels from n - d - 1 and u - 1. Shifted once here, then split into one piece per diagonal
+    # (the backward pass of unbind stacks the pieces' gradients once; slicing in the loop would allocate a
+    # full-size gradient per slice).
+    blank_moves = [(k, d) for k, d in enumerate(durations) if d >= 1]
+
+    def shifted(terms: torch.Tensor, k: int, shift: int, u_shift: int) -> torch.Tensor:
+        piece = F.pad(terms[..., k], (u_shift, 0, shift, 0), value=NEG)  # (B, N + shift, U+1 + u_shift)
+        return piece[:, :diagonals, :labels1]
+
+    blank_in = torch.stack([shifted(blank_skewed, k, d, 0) for k, d in blank_moves])  # (Kb, B, N, U+1)
+    label_in = torch.stack([shifted(label_skewed, k, d + 1, 1) for k, d in enumerate(durations)])  # (D, B, N, U+1)
+    blank_in, label_in = blank_in.unbind(2), label_in.unbind(2)  # N x (Kb, B, U+1), N x (D, B, U+1)
+
     first = torch.full((batch, labels1), NEG, device=device, dtype=dtype)
     alpha = [torch.where(u_index == 0, 0.0, first)]  # alpha[n]: (B, U+1)
-    neg_column = torch.full((batch, 1), NEG, device=device, dtype=dtype)
+    unreached = first  # alpha of diagonals before the first
     for n in range(1, diagonals):
-        candidates = []
-        for k, d in enumerate(durations):
-            if d >= 1 and n - d >= 0:
-                candidates.append(alpha[n - d] + blank_skewed[:, n - d, :, k])
-            if n - d - 1 >= 0:
-                from_label = alpha[n - d - 1] + label_skewed[:, n - d - 1, :, k]
-                candidates.append(torch.cat([neg_column, from_label[:, :-1]], dim=1))  # u - 1 -> u
-        value = torch.logsumexp(torch.stack(candidates), dim=0)
+        from_blank = torch.stack([alpha[n - d] if n >= d else unreached for _, d in blank_moves]) + blank_in[n]
+        from_label = torch.stack([alpha[n - d - 1] if n > d else unreached for d in durations])
+        from_label = F.pad(from_label[..., :-1], (1, 0), value=NEG) + label_in[n]  # u - 1 -> u
+        value = torch.logsumexp(torch.cat([from_blank, from_label]), dim=0)
         alpha.append(torch.where(inside[n], value, NEG))
     alpha_all = torch.stack(alpha, dim=1)  # (B, N, U+1)
 
