@@ -171,6 +171,12 @@ def test_an_impossible_transcript_is_skipped_and_counted_not_a_nan(dtmf_manifest
     assert int(model._infeasible) == 2
     model.on_train_epoch_end()
     assert model._infeasible is None  # reported and reset
+    # A hybrid model also skips what CTC cannot align (a frame per label), though TDT could.
+    hybrid = _model(loss="tdt", hybrid=True)
+    enc, lengths = hybrid.forward_step(batch)
+    batch["token_lens"][0] = int(lengths[0]) + 1
+    loss_sum, count = hybrid.loss_step(batch, (enc, lengths))
+    assert int(hybrid._infeasible) == 3 and int(count) == 0 and float(loss_sum.detach()) == 0.0
 
 
 def test_archive_round_trip_for_every_type_gives_identical_transcripts(tmp_path, dtmf_manifest):
