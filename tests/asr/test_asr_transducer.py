@@ -296,3 +296,19 @@ def test_an_arpa_file_reads_back_to_the_same_probabilities(tmp_path):
     back = NgramLM.read_arpa(lm.write_arpa(tmp_path / "lm.arpa"))
     for word, history in [("c", ("a", "b")), ("a", ()), ("z", ("b",)), ("</s>", ("c",))]:
         assert back.log10_prob(word, history) == pytest.approx(lm.log10_prob(word, history), abs=1e-5)
+
+
+def test_telemetry_counts_the_transducer_flops_with_the_batches_token_lengths():
+    from speechtrain.lightning.telemetry import TelemetryCallback, batch_piece
+
+    model = _model(loss="tdt")
+    telemetry = TelemetryCallback()
+    telemetry._flops_fn = model.flops_per_batch
+    batches = [{"audio": torch.zeros(2, 16000), "audio_lens": torch.tensor([16000, 8000]),
+                "token_lens": torch.tensor([10, 4])},
+               {"audio": torch.zeros(1, 4000), "audio_lens": torch.tensor([4000]),
+                "token_lens": torch.tensor([3])}]  # fmt: skip
+    totals = telemetry._interval_totals([batch_piece(b) for b in batches])
+    expected = model.flops_per_batch({"audio_lens": torch.tensor([16000, 8000, 4000]),
+                                      "token_lens": torch.tensor([10, 4, 3])})  # fmt: skip
+    assert totals["flops"] == pytest.approx(float(expected)) and totals["tokens"] == 17
