@@ -64,11 +64,10 @@ def transducer_loss_from_terms(
         skewed = torch.gather(terms.to(torch.promote_types(terms.dtype, torch.float32)), 1, gather)
         return torch.where(inside[None, :, :, None], skewed, NEG)
 
+    # Blank terms of duration 0 and label terms of the last row are never read: a blank always advances, and
+    # nothing follows the last label.
     blank_skewed = skew(blank_terms)
     label_skewed = skew(label_terms)
-    label_skewed[:, :, -1] = NEG  # no label after the last one
-    zero = torch.tensor(durations, device=device) == 0
-    blank_skewed = torch.where(zero, NEG, blank_skewed)  # a blank always advances
 
     dtype = blank_skewed.dtype
     # Per diagonal n, the terms of every move that lands on it, stacked: blanks of duration d come from diagonal

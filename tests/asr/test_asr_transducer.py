@@ -312,3 +312,20 @@ def test_telemetry_counts_the_transducer_flops_with_the_batches_token_lengths():
     expected = model.flops_per_batch({"audio_lens": torch.tensor([16000, 8000, 4000]),
                                       "token_lens": torch.tensor([10, 4, 3])})  # fmt: skip
     assert totals["flops"] == pytest.approx(float(expected)) and totals["tokens"] == 17
+
+
+def test_a_transducer_starts_from_a_ctc_models_encoder():
+    from speechtrain.asr.ctc import ConformerCTCModel
+
+    torch.manual_seed(1)
+    config = {k: v for k, v in _config().items() if k not in ("prediction", "joint")}
+    ctc = ConformerCTCModel(config)
+    ctc.configure_model()
+    for hybrid in (False, True):
+        model = _model(hybrid=hybrid)
+        report = model.init_from_pretrained(ctc)
+        assert all(
+            torch.equal(model.state_dict()[k], v) for k, v in ctc.state_dict().items() if k.startswith("encoder")
+        )
+        # the CTC head becomes the hybrid model's CTC head; a plain transducer has none
+        assert ("decoder.weight" in report.loaded) is hybrid and ("decoder.weight" in report.unexpected) is not hybrid
