@@ -315,9 +315,10 @@ class ConformerTransducerModel(ConformerCTCModel):
     # ---------------------------------------------------------------------------------------------- decoding
     def greedy_hypotheses(self, enc: torch.Tensor, lengths: torch.Tensor) -> list[dict[str, list[int]]]:
         """Batched greedy (label-looping) decoding: per utterance ``ids``, ``starts`` and ``ends`` (frames)."""
-        hyps, steps = greedy_batch(self.prediction, self.joint, enc, lengths, self.blank,
-                                           self.durations if self.cfg.loss == "tdt" else None,
-                                           self.cfg.decoding.max_symbols)  # fmt: skip
+        durations = self.durations if self.cfg.loss == "tdt" else None
+        hyps, steps = greedy_batch(
+            self.prediction, self.joint, enc, lengths, self.blank, durations, self.cfg.decoding.max_symbols
+        )
         self.decode_steps += torch.tensor([float(lengths.sum()), float(steps.sum())], dtype=torch.float64)
         return hyps
 

@@ -206,7 +206,7 @@ class TransducerBeamSearch:
                         candidates.append((h.score + float(token_lp[i, blank]) + d_lp, h, None, d))
                     if self.durations is None and d != 0:
                         continue
-                    if d == 0 and h.on_frame + 1 >= self.cfg.max_symbols:
+                    if d == 0 and h.on_frame >= self.cfg.max_symbols:
                         continue
                     values, labels = token_lp[i, :blank].topk(min(beam, blank))
                     for value, label in zip(values.tolist(), labels.tolist()):
