@@ -17,16 +17,17 @@ import lightning.pytorch as pl
 from omegaconf import OmegaConf
 
 from speechtrain.asr.ctc import ensure_lm, ensure_tokenizer, fit_and_report
-from speechtrain.asr.transducer import asr_job_classes
+from speechtrain.asr.transducer import asr_config_class, asr_model_class
 from speechtrain.core.exp_manager import exp_manager
 from speechtrain.core.hydra_runner import hydra_runner
 from speechtrain.core.job import train_job_schema
 from speechtrain.lightning import Trainer, teardown
 
-CONFIG, MODEL = asr_job_classes(sys.argv[1:], Path(__file__).parent / "conf")
+# The schema is needed before Hydra composes the config: a transducer config (asr_train_tdt, ...) brings its own.
+SCHEMA = train_job_schema(asr_config_class(sys.argv[1:], Path(__file__).parent / "conf"))
 
 
-@hydra_runner(config_path="conf", config_name="asr_train", schema=train_job_schema(CONFIG))
+@hydra_runner(config_path="conf", config_name="asr_train", schema=SCHEMA)
 def main(cfg):
     start = time.perf_counter()
     pl.seed_everything(cfg.seed, verbose=False)
@@ -34,7 +35,7 @@ def main(cfg):
     log_dir = exp_manager(trainer, cfg.exp_manager, name=cfg.name, job_config=cfg)
     ensure_tokenizer(cfg.model.tokenizer, cfg.model.train_ds.manifest_filepath)
     ensure_lm(cfg.model.decoding, cfg.model.train_ds.manifest_filepath)
-    model = MODEL(cfg.model)
+    model = asr_model_class(cfg.model)(cfg.model)
     if cfg.init_from.path:
         model.init_from_pretrained(cfg.init_from.path, cfg.init_from.include, cfg.init_from.exclude)
     fit_and_report(trainer, model, log_dir, start)

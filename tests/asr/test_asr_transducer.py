@@ -7,9 +7,10 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
+from speechtrain.asr.ctc import ConformerCTCConfig
 from speechtrain.asr.ngram import NgramLM
 from speechtrain.asr.tokenizers import CharTokenizer
-from speechtrain.asr.transducer import ConformerTransducerConfig, ConformerTransducerModel, asr_job_classes
+from speechtrain.asr.transducer import ConformerTransducerConfig, ConformerTransducerModel, asr_config_class
 from speechtrain.asr.transducer_decoding import greedy_batch, word_timestamps
 from speechtrain.asr.transducer_loss import rnnt_loss, tdt_loss
 from speechtrain.core.model import SpeechModel
@@ -244,10 +245,10 @@ def test_the_example_picks_the_transducer_for_its_configs_and_trains(tmp_path, d
     from speechtrain.core.job import train_job_schema
 
     conf = EXAMPLES / "conf"
-    assert asr_job_classes([], conf)[1].__name__ == "ConformerCTCModel"
+    assert asr_config_class([], conf) is asr_config_class(["-cn", "asr_train"], conf) is ConformerCTCConfig
     for name in ("asr_train_tdt", "asr_train_rnnt", "asr_train_hybrid"):
-        assert asr_job_classes(["--config-name", name], conf)[0] is ConformerTransducerConfig
-        assert asr_job_classes([f"--config-name={name}"], conf)[0] is ConformerTransducerConfig
+        assert asr_config_class(["--config-name", name], conf) is ConformerTransducerConfig
+        assert asr_config_class([f"--config-name={name}"], conf) is ConformerTransducerConfig
     schema = train_job_schema(ConformerTransducerConfig)
     demo = compose_config(conf, "asr_train_tdt", [], schema)  # make demo-tdt: the CTC demo's setup with TDT
     assert (demo.model.size, demo.trainer.max_time, demo.model.loss) == ("demo", "00:00:23:00", "tdt")
@@ -268,7 +269,6 @@ def test_the_example_picks_the_transducer_for_its_configs_and_trains(tmp_path, d
     spec = importlib.util.spec_from_file_location("asr_train_example", EXAMPLES / "asr_train.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    module.MODEL = ConformerTransducerModel
     model = module.main(cfg)
     assert model.cfg.hybrid and model.trainer.global_step == 4
     (archive,) = (tmp_path / "exp" / "asr_hybrid_demo").glob("*/asr_hybrid_demo.stm")
