@@ -342,24 +342,28 @@ class ConformerTransducerModel(ConformerCTCModel):
         return [self.tokenizer.decode(ids) for ids in self._transducer_beam(enc, lengths)]
 
     @torch.inference_mode()
-    def transcribe_with_timestamps(self, audio: list[Any]) -> list[dict[str, Any]]:
-        """Greedy transcripts with word timestamps: ``{"text", "words": [{"word", "start", "end"}]}`` (seconds)."""
+    def transcribe_with_timestamps(self, audio: list[Any], batch_size: int = 16) -> list[dict[str, Any]]:
+        """Greedy transcripts with word timestamps (audio as for :meth:`transcribe`): per input
+        ``{"text", "words": [{"word", "start", "end"}]}``, times in seconds from the start of the audio."""
         self._built()
         was_training = self.training
         self.eval()
+        frame_seconds = self.cfg.preprocessor.window_stride * self.cfg.encoder.subsampling_factor
+        results = []
         try:
-            waves = [self._load_audio(a) for a in audio]
-            lens = torch.tensor([len(w) for w in waves])
-            padded = torch.zeros(len(waves), int(lens.max()))
-            for i, w in enumerate(waves):
-                padded[i, : len(w)] = w
-            enc, lengths = self(padded.to(self.device), lens.to(self.device))
-            frame_seconds = self.cfg.preprocessor.window_stride * self.cfg.encoder.subsampling_factor
-            return [{"text": self.tokenizer.decode(h["ids"]),
-                     "words": word_timestamps(self.tokenizer, h["ids"], h["starts"], h["ends"], frame_seconds)}
-                    for h in self.greedy_hypotheses(enc, lengths)]  # fmt: skip
+            for start in range(0, len(audio), batch_size):
+                waves = [self._load_audio(a) for a in audio[start : start + batch_size]]
+                lens = torch.tensor([len(w) for w in waves])
+                padded = torch.zeros(len(waves), int(lens.max()))
+                for i, w in enumerate(waves):
+                    padded[i, : len(w)] = w
+                enc, lengths = self(padded.to(self.device), lens.to(self.device))
+                results += [{"text": self.tokenizer.decode(h["ids"]),
+                             "words": word_timestamps(self.tokenizer, h["ids"], h["starts"], h["ends"], frame_seconds)}
+                            for h in self.greedy_hypotheses(enc, lengths)]  # fmt: skip
         finally:
             self.train(was_training)
+        return results
 
     # --------------------------------------------------------------------------------------------- telemetry
     def flops_per_batch(self, batch: dict[str, Any]) -> torch.Tensor:

@@ -194,7 +194,10 @@ def test_archive_round_trip_for_every_type_gives_identical_transcripts(tmp_path,
 def test_word_timestamps_follow_the_alignment(dtmf_manifest):
     model = _model(loss="tdt", scale=0.3)
     audio = [r.recording.sources[0].source for r in read_cuts(LoaderConfig(manifest_filepath=str(dtmf_manifest)))]
-    for result in model.transcribe_with_timestamps(audio[:3]):
+    results = model.transcribe_with_timestamps(audio[:3])
+    assert model.transcribe_with_timestamps(audio[:3], batch_size=2) == results
+    assert [r["text"] for r in results] == model.transcribe(audio[:3]) and any(r["words"] for r in results)
+    for result in results:
         assert " ".join(w["word"] for w in result["words"]) == " ".join(result["text"].split())
         times = [t for w in result["words"] for t in (w["start"], w["end"])]
         assert times == sorted(times)
