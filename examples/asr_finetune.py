@@ -13,7 +13,8 @@ from typing import Any
 import lightning.pytorch as pl
 from omegaconf import OmegaConf
 
-from speechtrain.asr.ctc import ConformerCTCConfig, ensure_lm, ensure_tokenizer, fit_and_report
+from speechtrain.asr.ctc import ensure_lm, ensure_tokenizer, fit_and_report
+from speechtrain.asr.transducer import ConformerTransducerConfig
 from speechtrain.core.config import to_plain
 from speechtrain.core.exp_manager import exp_manager
 from speechtrain.core.hydra_runner import hydra_runner
@@ -43,7 +44,7 @@ def finetune_model(
     model = type(base)(cfg)
     exclude = list(exclude or [])
     if new_tokenizer or model.tokenizer.vocab_size != base.tokenizer.vocab_size:
-        exclude.append("decoder")
+        exclude += ["decoder", "prediction", "joint"]  # a transducer's prediction and joint networks go too
         logger.warning(
             "New tokenizer (%d -> %d tokens): the CTC decoder is re-initialised; the encoder is kept.",
             base.tokenizer.vocab_size, model.tokenizer.vocab_size,
@@ -56,9 +57,10 @@ def finetune_model(
     return model
 
 
-# The model node holds overrides of the pretrained model's config: each key is checked against the Conformer-CTC
-# config (a typo fails at start) and can be set without '+', but nothing is filled in from defaults.
-FINETUNE_SCHEMA = train_job_schema(dict[str, Any], "asr_finetune", model_overrides_of=ConformerCTCConfig)
+# The model node holds overrides of the pretrained model's config: each key is checked against the Conformer
+# config of CTC and transducer models (a typo fails at start; a transducer key on a CTC model fails when the model
+# is built) and can be set without '+', but nothing is filled in from defaults.
+FINETUNE_SCHEMA = train_job_schema(dict[str, Any], "asr_finetune", model_overrides_of=ConformerTransducerConfig)
 
 
 @hydra_runner(config_path="conf", config_name="asr_finetune", schema=FINETUNE_SCHEMA)

@@ -1,25 +1,33 @@
-"""Train a speech recogniser (Conformer / FastConformer CTC with a BPE tokenizer).
+"""Train a speech recogniser: Conformer / FastConformer CTC (the default), or a transducer (RNN-T, TDT, hybrid
+TDT-CTC), with a BPE tokenizer.
 
 python examples/asr_train.py                                   # built-in eSpeak corpus, CPU demo (23 min of training)
+python examples/asr_train.py --config-name asr_train_tdt       # the same with a TDT transducer (also _rnnt, _hybrid)
 python examples/asr_train.py trainer.devices=2                 # two data-parallel processes
 python examples/asr_train.py trainer.strategy.tensor_model_parallel_size=2 trainer.devices=2
 python examples/asr_train.py model.size=small model.encoder.subsampling=dw_striding model.encoder.subsampling_factor=8
 python examples/asr_train.py exp_manager.resume_if_exists=true # continue the latest run
 """
 
+import sys
 import time
+from pathlib import Path
 
 import lightning.pytorch as pl
 from omegaconf import OmegaConf
 
-from speechtrain.asr.ctc import ConformerCTCConfig, ConformerCTCModel, ensure_lm, ensure_tokenizer, fit_and_report
+from speechtrain.asr.ctc import ensure_lm, ensure_tokenizer, fit_and_report
+from speechtrain.asr.transducer import asr_config_class, asr_model_class
 from speechtrain.core.exp_manager import exp_manager
 from speechtrain.core.hydra_runner import hydra_runner
 from speechtrain.core.job import train_job_schema
 from speechtrain.lightning import Trainer, teardown
 
+# The schema is needed before Hydra composes the config: a transducer config (asr_train_tdt, ...) brings its own.
+SCHEMA = train_job_schema(asr_config_class(sys.argv[1:], Path(__file__).parent / "conf"))
 
-@hydra_runner(config_path="conf", config_name="asr_train", schema=train_job_schema(ConformerCTCConfig))
+
+@hydra_runner(config_path="conf", config_name="asr_train", schema=SCHEMA)
 def main(cfg):
     start = time.perf_counter()
     pl.seed_everything(cfg.seed, verbose=False)
@@ -27,7 +35,7 @@ def main(cfg):
     log_dir = exp_manager(trainer, cfg.exp_manager, name=cfg.name, job_config=cfg)
     ensure_tokenizer(cfg.model.tokenizer, cfg.model.train_ds.manifest_filepath)
     ensure_lm(cfg.model.decoding, cfg.model.train_ds.manifest_filepath)
-    model = ConformerCTCModel(cfg.model)
+    model = asr_model_class(cfg.model)(cfg.model)
     if cfg.init_from.path:
         model.init_from_pretrained(cfg.init_from.path, cfg.init_from.include, cfg.init_from.exclude)
     fit_and_report(trainer, model, log_dir, start)

@@ -262,7 +262,10 @@ class CTCModel(SpeechModel):
         if strategy == "greedy":
             return self.greedy_decode(log_probs, lengths)
         if self._beam is None:
-            decoding = DecodingConfig(**OmegaConf.to_container(self.cfg.decoding))
+            keys = {f.name for f in dataclasses.fields(DecodingConfig)}  # a subclass's config may hold more
+            decoding = DecodingConfig(
+                **{k: v for k, v in OmegaConf.to_container(self.cfg.decoding).items() if k in keys}
+            )
             self._beam = BeamSearchDecoder(self.tokenizer, decoding)
             skipped = self._beam.skipped_words
             if skipped:
@@ -288,6 +291,10 @@ class CTCModel(SpeechModel):
         if self.cfg.ctc_reduction == "mean_batch":
             return losses.sum(), torch.tensor(losses.shape[0], device=losses.device)
         return losses.sum(), batch["token_lens"].sum()
+
+    def utterance_losses(self, output: torch.Tensor, lengths: torch.Tensor, batch: dict[str, Any]) -> torch.Tensor:
+        """(B,) losses of the model's output (:meth:`forward`), as validation reports them; CTC's here."""
+        return self.ctc_losses(output, lengths, batch)
 
     def training_step(self, batch: dict[str, Any] | None, batch_idx: int) -> torch.Tensor | None:
         if is_empty_batch(batch):
@@ -321,7 +328,7 @@ class CTCModel(SpeechModel):
         word_err, char_err = errors(hyps)
         greedy_word_err, greedy_char_err = errors(greedy) if hyps is not greedy else (word_err, char_err)
         sums = torch.tensor(
-            [self.ctc_losses(log_probs, lengths, batch).sum().item(), batch["token_lens"].sum().item(), word_err,
+            [self.utterance_losses(log_probs, lengths, batch).sum().item(), batch["token_lens"].sum().item(), word_err,
              sum(len(r.split()) for r in refs), char_err, sum(len(r) for r in refs), greedy_word_err,
              greedy_char_err],
             dtype=torch.float64, device=log_probs.device,

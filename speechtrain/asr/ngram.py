@@ -117,6 +117,38 @@ class NgramLM:
         gram = (*context, word if word in known else UNK)
         return math.log10(_interpolated(gram, self.probs, self.backoffs, len(gram)))
 
+    @classmethod
+    def read_arpa(cls, path: str | Path) -> "NgramLM":
+        """Read an ARPA file (as :meth:`write_arpa` writes it, or KenLM's ``lmplz``).
+
+        Raises:
+            ValueError: if the file holds no n-grams.
+        """
+        probs: list[dict[tuple[str, ...], float]] = []
+        backoffs: list[dict[tuple[str, ...], float]] = []
+        n = 0
+        with open(path, encoding="utf-8") as f:
+            for line in f:
+                line = line.strip()
+                if line.startswith("\\") and line.endswith("-grams:"):
+                    n = int(line[1:].split("-")[0])
+                    while len(probs) < n:
+                        probs.append({})
+                        backoffs.append({})
+                    continue
+                if not line or line.startswith("\\") or n == 0:
+                    continue
+                fields = line.split()
+                gram = tuple(fields[1 : 1 + n])
+                probs[n - 1][gram] = float(fields[0])
+                if len(fields) > 1 + n:
+                    backoffs[n - 1][gram] = float(fields[1 + n])
+        if not probs or not probs[0]:
+            raise ValueError(f"{path}: no n-grams found; is it an ARPA language model?")
+        if (UNK,) not in probs[0]:
+            probs[0][(UNK,)] = -99.0
+        return cls(order=len(probs), probs=probs, backoffs=backoffs)
+
     def write_arpa(self, path: str | Path) -> Path:
         """Write the model in ARPA text format (n-grams sorted within each order)."""
         path = Path(path)

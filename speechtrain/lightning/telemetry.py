@@ -634,7 +634,12 @@ class TelemetryCallback(BaseCallback):
             totals["padded_audio"] = float(sum(len(piece[1]) * piece[2] for piece in pieces if piece[1] is not None))
             totals["frames"] = float((torch.div(all_lens, self._hop, rounding_mode="floor") + 1).sum())
             if self._flops_fn is not None:
-                flops = self._flops_fn({"audio_lens": all_lens})
+                # Token lengths too when every batch has them (a transducer's joint scales with them).
+                with_audio = [piece for piece in pieces if piece[1] is not None]
+                flops_batch = {"audio_lens": all_lens}
+                if all(piece[3] is not None and len(piece[3]) == len(piece[1]) for piece in with_audio):
+                    flops_batch["token_lens"] = torch.cat([piece[3] for piece in with_audio])
+                flops = self._flops_fn(flops_batch)
                 if flops is not None:
                     totals["flops"] = float(flops)
         tokens = [piece[3] for piece in pieces if piece[3] is not None]
