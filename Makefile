@@ -4,7 +4,12 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo demo-tdt tts-demo salm-demo test lint format bench clean
+# The GPU smoke suite (tests/gpu: NCCL, bf16/fp16, TP, uneven batches, distributed optimizer, resume, preemption);
+# every test skips cleanly without CUDA. Under 5 minutes on one node.
+gpu-check: install
+	$(BIN)/python -m pytest -q tests/gpu -rs
+
+.PHONY: gpu-check install demo demo-tdt tts-demo salm-demo test lint format bench clean
 
 install: $(STAMP)
 

@@ -95,25 +95,27 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--warmup", type=int, default=5)
-    parser.add_argument("--rounds", type=int, default=2, help="variants run in turn this many times; best kept")
+    parser.add_argument("--rounds", type=int, default=3, help="variants run in turn this many times (paired)")
     args = parser.parse_args()
     torch.set_flush_denormal(True)
     variants = {
         "plain PyTorch loop": lambda: plain_loop(args.steps),
         "Lightning, default strategy": lambda: lightning_run(args.steps, "auto"),
-        "Lightning + MegatronStrategy (TP=PP=DP=1)": lambda: lightning_run(args.steps, MegatronStrategy()),
+        "Lightning + MegatronStrategy (TP=PP=DP=1, Megatron DDP + optimizer)": lambda: lightning_run(
+            args.steps, MegatronStrategy()
+        ),
     }
-    medians: dict[str, float] = {}
+    rounds: list[dict[str, float]] = []
     for _ in range(args.rounds):  # interleaved, so that slow drifts of the machine hit every variant alike
-        for name, run in variants.items():
-            median = statistics.median(run()[args.warmup :]) * 1000
-            medians[name] = min(median, medians.get(name, float("inf")))
-    base = medians["plain PyTorch loop"]
+        rounds.append({name: statistics.median(run()[args.warmup :]) * 1000 for name, run in variants.items()})
+    names = list(variants)
     timed = args.steps - args.warmup
-    print(f"\n| variant (median of {timed} steps, best of {args.rounds} rounds) | ms/step | vs plain loop |")
+    print(f"\n| variant (median of {timed} steps per round) | ms/step per round | ratio to the plain loop per round |")
     print("|---|---|---|")
-    for name, ms in medians.items():
-        print(f"| {name} | {ms:.1f} | {100 * (ms / base - 1):+.1f}% |")
+    for name in names:
+        ms = " / ".join(f"{r[name]:.1f}" for r in rounds)
+        ratios = [r[name] / r[names[0]] for r in rounds]
+        print(f"| {name} | {ms} | {' / '.join(f'{x:.3f}' for x in ratios)} (median {statistics.median(ratios):.3f}) |")
 
 
 if __name__ == "__main__":

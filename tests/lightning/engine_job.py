@@ -62,21 +62,37 @@ def salm_batches():
     return build, [audio, text]
 
 
+def _to(batch, device):
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device)
+    if isinstance(batch, dict):
+        return {k: _to(v, device) for k, v in batch.items()}
+    if isinstance(batch, tuple | list):
+        return type(batch)(_to(v, device) for v in batch)
+    return batch
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--case", choices=["empty", "text-only"], required=True)
     parser.add_argument("--out", required=True)
+    parser.add_argument("--device", default="cpu", help="cuda: NCCL, one GPU per rank")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    torch.distributed.init_process_group("gloo")
+    cuda = args.device == "cuda"
+    if cuda:
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    torch.distributed.init_process_group("nccl" if cuda else "gloo")
     rank = torch.distributed.get_rank()
+    device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
 
     from megatron.core import parallel_state as mpu
 
     from speechtrain.lightning import MegatronParallel
-    from speechtrain.lightning.megatron_compat import import_megatron, model_parallel_manual_seed
+    from speechtrain.lightning.megatron_compat import import_megatron, model_parallel_manual_seed, use_device
 
     import_megatron()
+    use_device(device)
     mpu.initialize_model_parallel(1, 1)
     model_parallel_manual_seed(0)
     build, batches = toy_batches() if args.case == "empty" else salm_batches()
@@ -85,9 +101,11 @@ def main() -> None:
     batches = shared[0]
     model, reference = build(), build()
     reference.load_state_dict(model.state_dict())
+    model.to(device), reference.to(device)
+    batches = [_to(b, device) for b in batches]
     model.eval(), reference.eval()  # no dropout draws: the two runs see the same function
 
-    engine = MegatronParallel(model, device=torch.device("cpu"))
+    engine = MegatronParallel(model, device=device)
     engine.start_window()
     loss = engine.run(batches[rank], forward_only=False)
 

@@ -46,6 +46,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True)
     parser.add_argument("--devices", type=int, default=1)
+    parser.add_argument("--accelerator", default="cpu", help="gpu: the same job on CUDA devices (NCCL)")
     parser.add_argument("--num-nodes", type=int, default=1)
     parser.add_argument("--tp", type=int, default=1)
     parser.add_argument("--pp", type=int, default=1)
@@ -86,7 +87,7 @@ def main() -> None:
     if args.kill_at:
         callbacks.append(KillAt(args.kill_at))
     trainer = Trainer(
-        accelerator="cpu",
+        accelerator=args.accelerator,
         devices=args.devices,
         num_nodes=args.num_nodes,
         strategy=strategy,
@@ -107,7 +108,7 @@ def main() -> None:
     trainer.fit(model, ckpt_path=args.resume)
     params = {
         name: (
-            p.detach().clone(),
+            p.detach().float().cpu().clone(),
             getattr(p, "partition_dim", None) if getattr(p, "tensor_model_parallel", False) else None,
         )
         for name, p in model.named_parameters()
