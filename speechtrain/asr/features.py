@@ -63,6 +63,8 @@ class LogMelFeatures(torch.nn.Module):
         sample_rate: input sample rate in Hz.
     """
 
+    keep_fp32 = True  # features are computed in fp32 whatever the precision (bf16-true leaves these buffers fp32)
+
     def __init__(self, cfg: PreprocessorConfig, sample_rate: int) -> None:
         super().__init__()
         self.hop = int(round(cfg.window_stride * sample_rate))
@@ -119,6 +121,8 @@ class NemoMelFeatures(torch.nn.Module):
         cfg: see :class:`PreprocessorConfig`.
         sample_rate: input sample rate in Hz.
     """
+
+    keep_fp32 = True  # features are computed in fp32 whatever the precision
 
     def __init__(self, cfg: PreprocessorConfig, sample_rate: int) -> None:
         super().__init__()

@@ -146,6 +146,12 @@ class _StoreTrainerConfig(pl.Callback):
         checkpoint[TRAINER_CONFIG_KEY] = trainer.to_config()
 
 
+def _is_megatron(strategy: Any) -> bool:
+    from speechtrain.lightning.strategy import MegatronStrategy
+
+    return isinstance(strategy, MegatronStrategy)
+
+
 class Trainer(pl.Trainer):
     """``lightning.pytorch.Trainer`` that records the arguments it was built with.
 
@@ -167,6 +173,12 @@ class Trainer(pl.Trainer):
         self.init_args: dict[str, Any] = _snapshot(arguments)
         if isinstance(kwargs.get("strategy"), Mapping):
             kwargs["strategy"] = megatron_strategy_from_config(kwargs["strategy"])
+        if _is_megatron(kwargs.get("strategy")) and kwargs.get("precision") is not None and not kwargs.get("plugins"):
+            # The bridge's own plugin, given the precision as asked (Lightning would turn 16-mixed into bf16-mixed
+            # on CPU without a word; Megatron's loss scaler runs there as well).
+            from speechtrain.lightning.precision import MegatronMixedPrecision
+
+            kwargs["plugins"] = [MegatronMixedPrecision(kwargs.pop("precision"))]
         CallbackGroup.get_instance().on_app_start()
         super().__init__(*args, **kwargs)
         self._checkpoint_connector = _EventfulCheckpointConnector(self)

@@ -115,6 +115,7 @@ class MelRVQCodec(SpeechModel, AudioCodec):
     """Log-mel + residual VQ (k-means codebooks) + Griffin-Lim (see the module docstring)."""
 
     Config = MelRVQCodecConfig
+    keep_fp32 = True  # codes come from fp32 features and fp32 codebooks whatever the precision
 
     def __init__(self, cfg: Any) -> None:
         super().__init__(cfg)
