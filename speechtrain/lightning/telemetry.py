@@ -149,7 +149,8 @@ def infer_config(trainer: Any, model: Any = None) -> dict[str, Any]:
     """The run's shape as a flat dict (the ``config`` record); every rule tolerates missing or null keys."""
     world, tp, pp, dp = parallel_sizes(trainer)
     per_rank, batching = per_rank_batch_size(_get(getattr(model, "cfg", None), "train_ds"))
-    global_batch = per_rank * dp if per_rank else None
+    accumulate = _positive_int(getattr(trainer, "accumulate_grad_batches", None)) or 1
+    global_batch = per_rank * dp * accumulate if per_rank else None  # samples per optimizer step
     strategy = getattr(trainer, "strategy", None)
     micro = _positive_int(getattr(strategy, "micro_batch_size", None)) or per_rank
     seq = sequence_length(model)
@@ -613,12 +614,13 @@ class TelemetryCallback(BaseCallback):
         if last is None:
             return
         interval = self._interval
-        interval["steps"] = interval.get("steps", 0) + 1
+        # Optimizer steps: with accumulate_grad_batches=N each loader batch is 1/N of one.
+        interval["steps"] = interval.get("steps", 0) + 1 / max(1, getattr(trainer, "accumulate_grad_batches", 1))
         interval["seconds"] = interval.get("seconds", 0.0) + (now - last)
         piece = batch_piece(batch)
         if piece is not None:
             interval.setdefault("pieces", []).append(piece)
-        if interval["steps"] >= self._log_every:
+        if interval["steps"] >= self._log_every - 1e-9:
             self._flush_interval(trainer)
 
     def _interval_totals(self, pieces: list[tuple[int, Any, int, Any]]) -> dict[str, float]:
@@ -655,7 +657,7 @@ class TelemetryCallback(BaseCallback):
         total = self._interval_totals(interval.get("pieces", [])).get
         fields: dict[str, Any] = {
             "step": int(getattr(trainer, "global_step", 0)),
-            "steps": steps,
+            "steps": round(steps, 3),
             "iteration_time_s": round(seconds / steps, 5),
         }
         samples = total("samples")

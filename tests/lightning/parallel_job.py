@@ -54,6 +54,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--global-batch", type=int, default=8)
     parser.add_argument("--micro-batch-size", type=int, default=None)
+    parser.add_argument("--accumulate", type=int, default=1, help="trainer.accumulate_grad_batches")
+    parser.add_argument("--optimizer", default="adam", help="adam (the toy's default) or sgd")
     parser.add_argument("--precision", default="32")
     parser.add_argument("--ckpt-dir", help="save a checkpoint every --save-every steps here")
     parser.add_argument("--save-every", type=int, default=2)
@@ -93,6 +95,7 @@ def main() -> None:
         strategy=strategy,
         precision=args.precision,
         max_steps=args.steps,
+        accumulate_grad_batches=args.accumulate,
         gradient_clip_val=0.05,
         logger=False,
         enable_checkpointing=bool(args.ckpt_dir),
@@ -103,7 +106,11 @@ def main() -> None:
     )
     dp = (args.devices * args.num_nodes) // (args.tp * args.pp)
     model = ToyTransformerRegressor(
-        {"batch_size": args.global_batch // dp, "relative_positions": args.relative_positions}
+        {
+            "batch_size": args.global_batch // (dp * args.accumulate),
+            "relative_positions": args.relative_positions,
+            "optim": {"name": args.optimizer, "lr": 1e-2, "weight_decay": 0.0, "momentum": 0.0},
+        }
     )  # layers built in configure_model
     trainer.fit(model, ckpt_path=args.resume)
     params = {
@@ -115,7 +122,8 @@ def main() -> None:
     }
     optimizer = trainer.optimizers[0] if trainer.optimizers else None
     optimizer = type(getattr(optimizer, "mcore", optimizer)).__name__  # Megatron's class under the bridge
-    record = {"losses": recorder.losses, "params": params, "optimizer": optimizer, **recorder.ranks}
+    record = {"losses": recorder.losses, "params": params, "optimizer": optimizer, "global_step": trainer.global_step,
+              **recorder.ranks}  # fmt: skip
     if args.archive:
         model.save_to(args.archive)
     Path(args.out).mkdir(parents=True, exist_ok=True)

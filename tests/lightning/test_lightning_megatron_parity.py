@@ -95,6 +95,30 @@ def test_layout_matches_single_process(layout, reference, tmp_path):
 
 
 @pytest.mark.multiprocess
+@pytest.mark.parametrize("nproc", [1, 2], ids=["dp1", "dp2"])
+def test_gradient_accumulation_over_two_batches_equals_one_batch_of_both(nproc, tmp_path):
+    """accumulate_grad_batches=2 over half-size batches A, B (per data-parallel rank) makes the same optimizer
+    update as one batch A+B: gradients summed over both, divided by the frames of both. SGD, so that the update
+    is the (clipped) gradient itself: Adam's first step is lr * sign(g), which turns rounding in near-zero gradient
+    elements into full steps."""
+    common = ["--steps", "2", "--optimizer", "sgd"]
+    reference = run_job(tmp_path / "plain", 0, *common)
+    out = run_job(tmp_path / "accumulate", nproc, "--accumulate", "2", *common)
+    _, weights = assemble(out)
+    _, ref_weights = assemble(reference)
+    from speechtrain.testing.toy_models import ToyTransformerRegressor
+
+    untrained = ToyTransformerRegressor({})  # weights depend only on the seed
+    untrained.configure_model()
+    initial = untrained.state_dict()
+    assert {torch.load(p, weights_only=False)["global_step"] for p in out.glob("rank*.pt")} == {2}
+    for name, tensor in weights.items():
+        update, ref_update = tensor - initial[name], ref_weights[name] - initial[name]
+        relative = ((update - ref_update).norm() / ref_update.norm()).item()
+        assert relative < 1e-6, f"{name}: relative difference of the update {relative:.2e}"
+
+
+@pytest.mark.multiprocess
 def test_two_nodes_on_localhost_match_single_process(reference, tmp_path):
     """torchrun --nnodes=2 on one machine, one process per "node", data parallel across nodes."""
     port = _free_port()
