@@ -20,8 +20,8 @@ from pathlib import Path
 import soundfile as sf
 import torch
 
-from speechtrain.asr.metrics import word_error_rate
 from speechtrain.asr.transcribe import transcribe_paths
+from speechtrain.common.metrics import word_error_rate
 from speechtrain.core.model import SpeechModel
 from speechtrain.data.augment import change_speed
 from speechtrain.data.manifest import read_nemo_manifest

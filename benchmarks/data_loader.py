@@ -14,7 +14,7 @@ import math
 import random
 import time
 
-from speechtrain.asr.tokenizers import CharTokenizer
+from speechtrain.common.tokenizers import CharTokenizer
 from speechtrain.data.cut_datasets import AsrCutDataset
 from speechtrain.data.lhotse_loader import (
     LoaderConfig,

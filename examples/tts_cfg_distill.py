@@ -19,7 +19,7 @@ from typing import Any
 import lightning.pytorch as pl
 from omegaconf import OmegaConf
 
-from speechtrain.core.config import to_plain
+from speechtrain.common.config import to_plain
 from speechtrain.core.exp_manager import exp_manager
 from speechtrain.core.hydra_runner import hydra_runner
 from speechtrain.core.job import train_job_schema

@@ -25,20 +25,21 @@ from speechtrain.asr.conformer import (
     ConformerConfig,
     ConformerEncoder,
     conformer_forward_flops,
-    seeded,
     subsampled_lengths,
 )
 from speechtrain.asr.decoding import STRATEGIES, BeamSearchDecoder, DecodingConfig, greedy_decode
 from speechtrain.asr.features import LogMelFeatures, PreprocessorConfig
-from speechtrain.asr.metrics import edit_distance
 from speechtrain.asr.spec_augment import SpecAugment, SpecAugmentConfig
-from speechtrain.asr.tokenizers import CharTokenizer, load_tokenizer
+from speechtrain.common.batch import is_empty_batch
+from speechtrain.common.metrics import edit_distance
+from speechtrain.common.tokenizers import CharTokenizer, load_tokenizer
 from speechtrain.core.model import SpeechModel
 from speechtrain.core.optim import OptimConfig
 from speechtrain.data.audio_text import SkipTally
-from speechtrain.data.cut_datasets import AsrCutDataset, is_empty_batch
+from speechtrain.data.cut_datasets import AsrCutDataset
 from speechtrain.data.lhotse_loader import LoaderConfig, get_lhotse_dataloader_from_config, loader_config
 from speechtrain.lightning import parallel_state
+from speechtrain.nn.init import seeded
 
 logger = logging.getLogger(__name__)
 
@@ -82,7 +83,7 @@ def ensure_tokenizer(tokenizer_cfg: Any, train_manifest: Any) -> None:
     import os
     import tempfile
 
-    from speechtrain.asr.tokenizers import train_sentencepiece
+    from speechtrain.common.tokenizers import train_sentencepiece
     from speechtrain.data.manifest import read_nemo_manifest
     from speechtrain.lightning import settings
 

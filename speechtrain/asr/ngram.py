@@ -27,7 +27,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from speechtrain.core.config import ConfigError, validate_config
+from speechtrain.common.config import ConfigError, validate_config
 
 BOS, EOS, UNK = "<s>", "</s>", "<unk>"
 

@@ -32,9 +32,9 @@ import soundfile as sf
 import torch
 from omegaconf import OmegaConf
 
-from speechtrain.asr import metrics
 from speechtrain.asr.decoding import STRATEGIES
-from speechtrain.core.config import ConfigError, validate_config
+from speechtrain.common import metrics
+from speechtrain.common.config import ConfigError, validate_config
 from speechtrain.core.model import SpeechModel
 from speechtrain.data.augment import resample
 from speechtrain.data.manifest import ManifestError

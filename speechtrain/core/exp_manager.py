@@ -27,7 +27,7 @@ from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 from lightning.pytorch.loggers.logger import rank_zero_experiment
 from omegaconf import DictConfig, OmegaConf
 
-from speechtrain.core.config import validate_config
+from speechtrain.common.config import validate_config
 from speechtrain.lightning import CallbackGroup, TelemetryCallback
 from speechtrain.lightning.fault_tolerance import PreemptionCallback
 

@@ -22,7 +22,13 @@ from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from speechtrain.core.config import ConfigError, accepted_keywords, schema_field, unknown_key_message, validate_config
+from speechtrain.common.config import (
+    ConfigError,
+    accepted_keywords,
+    schema_field,
+    unknown_key_message,
+    validate_config,
+)
 from speechtrain.lightning import CallbackGroup
 
 _OVERRIDE_KEY = re.compile(r"^(?P<prefix>~|\+\+|\+)?(?P<key>[\w.\-/@]+)")
@@ -136,7 +142,7 @@ def hydra_runner(
     Args:
         config_path: config folder, relative to the decorated script's file (like Hydra).
         config_name: YAML file name without extension.
-        schema: dataclass the composed config must fit (see :mod:`speechtrain.core.config`).
+        schema: dataclass the composed config must fit (see :mod:`speechtrain.common.config`).
 
     The decorated function, called without arguments, reads ``sys.argv``; called with a config, it runs on that.
     Lifecycle events ``on_app_start`` / ``on_app_end`` bracket the job.

@@ -29,8 +29,8 @@ import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from speechtrain.common.config import to_plain, validate_config
 from speechtrain.core.archive import read_archive, write_archive
-from speechtrain.core.config import to_plain, validate_config
 from speechtrain.core.optim import OptimConfig, build_optimizer, build_scheduler
 from speechtrain.lightning import CallbackGroup, Trainer, hook_class_init_with_callbacks, settings
 from speechtrain.lightning.checkpoint import gather_full_state_dict
@@ -166,7 +166,7 @@ class SpeechModel(pl.LightningModule):
 
     Args:
         cfg: the model config (dict, ``DictConfig`` or an instance of ``Config``); unknown keys raise a
-            :class:`~speechtrain.core.config.ConfigError` that names them.
+            :class:`~speechtrain.common.config.ConfigError` that names them.
     """
 
     Config: ClassVar[type | None] = None
@@ -406,7 +406,7 @@ class SpeechModel(pl.LightningModule):
         """Logs training speed (audio-seconds per second over all data-parallel ranks, smoothed; from the batch's
         ``audio_lens`` at ``cfg.sample_rate``) and the minutes left to the progress bar. Call at the end of each
         training batch; returns False when nothing was logged (the first batch, or an empty one)."""
-        from speechtrain.data.cut_datasets import is_empty_batch
+        from speechtrain.common.batch import is_empty_batch
         from speechtrain.lightning import parallel_state
 
         now = time.perf_counter()

@@ -87,7 +87,7 @@ def loader_config(cfg: "LoaderConfig | Any") -> LoaderConfig:
         return cfg
     from omegaconf import DictConfig, OmegaConf
 
-    from speechtrain.core.config import validate_config
+    from speechtrain.common.config import validate_config
 
     plain = OmegaConf.to_container(cfg) if isinstance(cfg, DictConfig) else dict(cfg)
     return OmegaConf.to_object(validate_config(plain, LoaderConfig))

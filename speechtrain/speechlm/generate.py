@@ -23,8 +23,8 @@ from typing import Any
 import torch
 from omegaconf import OmegaConf
 
-from speechtrain.asr.metrics import word_errors
-from speechtrain.core.config import ConfigError, validate_config
+from speechtrain.common.config import ConfigError, validate_config
+from speechtrain.common.metrics import word_errors
 
 logger = logging.getLogger(__name__)
 
@@ -50,10 +50,10 @@ class GenerateConfig:
 def _manifest_cuts(manifest: str, sample_rate: int, limit: int | None) -> Any:
     from lhotse import CutSet
 
-    from speechtrain.asr.ctc import resolve_manifest
     from speechtrain.data.lhotse_loader import cuts_from_nemo_manifest
+    from speechtrain.data.synthetic import resolve_manifest
 
-    cuts = cuts_from_nemo_manifest(resolve_manifest(manifest), sample_rate)
+    cuts = cuts_from_nemo_manifest(str(resolve_manifest(manifest)), sample_rate)
     return CutSet.from_cuts(list(cuts)[:limit] if limit else cuts)
 
 

@@ -24,7 +24,7 @@ import soundfile as sf
 import torch
 from omegaconf import OmegaConf
 
-from speechtrain.core.config import ConfigError, validate_config
+from speechtrain.common.config import ConfigError, validate_config
 from speechtrain.core.model import SpeechModel
 
 logger = logging.getLogger(__name__)
@@ -53,7 +53,7 @@ def intelligibility(
     """Synthesise ``texts`` in batches; returns the waveforms and a report: ``rtf`` (synthesis seconds per audio
     second, codec decoding included), ``audio_seconds``, ``decoder_passes`` per step, and with an ASR model
     ``cer`` / ``wer`` of its transcripts against ``texts``. ``generation``: :meth:`TTSModel.generate_codes` options."""
-    from speechtrain.asr import metrics
+    from speechtrain.common import metrics
 
     waves: list[torch.Tensor] = []
     seconds, passes = 0.0, 1
@@ -99,8 +99,8 @@ def parse_args(argv: Sequence[str]) -> SynthesizeConfig:
 def _texts(cfg: SynthesizeConfig) -> list[str]:
     if cfg.text is not None:
         return [cfg.text]
-    from speechtrain.asr.ctc import resolve_manifest
     from speechtrain.data.manifest import read_nemo_manifest
+    from speechtrain.data.synthetic import resolve_manifest
 
     rows = read_nemo_manifest(resolve_manifest(cfg.manifest))
     texts = [r["text"] for r in rows if r.get("text")]

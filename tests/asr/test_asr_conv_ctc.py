@@ -5,7 +5,7 @@ import torch
 from conftest import tiny_ctc_config
 
 from speechtrain.asr.conv_ctc import ConvCTCModel
-from speechtrain.asr.metrics import edit_distance, word_error_rate
+from speechtrain.common.metrics import edit_distance, word_error_rate
 
 
 def _model(**encoder):

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from omegaconf import OmegaConf
 
 from speechtrain.asr.ctc import MODEL_SIZES, ConformerCTCModel, validation_set_name
-from speechtrain.asr.tokenizers import CharTokenizer, train_sentencepiece
+from speechtrain.common.tokenizers import CharTokenizer, train_sentencepiece
 from speechtrain.core.model import SpeechModel, check_validation_schedule
 from speechtrain.data.cut_datasets import AsrCutDataset
 from speechtrain.data.lhotse_loader import CutBatch, LoaderConfig, read_cuts
@@ -181,7 +181,7 @@ def test_finetune_with_a_new_vocabulary_keeps_the_encoder_and_reports_the_decode
 
 
 def test_the_finetune_command_line_sets_model_keys_without_plus_and_catches_typos():
-    from speechtrain.core.config import ConfigError
+    from speechtrain.common.config import ConfigError
     from speechtrain.core.hydra_runner import compose_config
 
     schema = _finetune_module().FINETUNE_SCHEMA

@@ -2,7 +2,7 @@ import random
 
 import pytest
 
-from speechtrain.asr.metrics import char_error_rate, char_errors, edit_distance, word_error_rate, word_errors
+from speechtrain.common.metrics import char_error_rate, char_errors, edit_distance, word_error_rate, word_errors
 
 
 def _reference_edit_distance(hyp, ref):
