@@ -16,6 +16,7 @@ import sys
 from collections.abc import Sequence
 
 from speechtrain.asr.features import PreprocessorConfig
+from speechtrain.common.cli import fail
 from speechtrain.common.tokenizers import SentencePieceTokenizer, train_sentencepiece
 from speechtrain.data.manifest import read_nemo_manifest
 from speechtrain.data.synthetic import resolve_manifest
@@ -103,7 +104,7 @@ def main(argv: list[str] | None = None) -> None:
             texts, args.out, args.vocab_size, args.type, character_coverage=args.character_coverage
         )
     except (FileNotFoundError, ValueError) as e:
-        raise SystemExit(f"error: {e}") from None
+        fail(str(e), "python -m speechtrain.asr.tokenizer")
     print(path)
     for line in summarize(SentencePieceTokenizer(path), texts, durations):
         print(line, file=sys.stderr if line.startswith("warning:") else sys.stdout)

@@ -34,7 +34,7 @@ def _dataclass_of(annotation: Any) -> type | None:
     return None
 
 
-def _nested_schema(f: dataclasses.Field) -> type | None:
+def nested_schema(f: dataclasses.Field) -> type | None:
     """The dataclass whose keys a field's value holds: its type's, or its ``overrides_of`` one."""
     return _dataclass_of(f.type) or f.metadata.get("overrides_of")
 
@@ -57,7 +57,7 @@ def schema_field(schema: type, dotted_key: str) -> dataclasses.Field | None:
         found = fields.get(part)
         if found is None:
             return None
-        node = _nested_schema(found)
+        node = nested_schema(found)
     return found
 
 
@@ -79,7 +79,7 @@ def find_unknown_keys(config: Mapping[str, Any], schema: type, path: str = "") -
             problems.append(unknown_key_message(path, str(key), set(fields)))
             continue
         child_path = f"{path}.{key}" if path else str(key)
-        nested = _nested_schema(fields[key])
+        nested = nested_schema(fields[key])
         keys_from = fields[key].metadata.get("keys_from")
         if nested is not None and isinstance(value, Mapping):
             problems += find_unknown_keys(value, nested, child_path)

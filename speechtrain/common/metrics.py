@@ -56,9 +56,8 @@ def word_errors(hyps: Sequence[str], refs: Sequence[str]) -> tuple[int, int]:
 
 
 def word_error_rate(hyps: Sequence[str], refs: Sequence[str]) -> float:
-    """Corpus WER: total edits over total reference words (1.0 for empty references with any output)."""
-    errors, words = word_errors(hyps, refs)
-    return errors / words if words else float(errors > 0)
+    """Corpus WER: total edits over total reference words; NaN (n/a) when the references hold no word."""
+    return error_rate(*word_errors(hyps, refs))
 
 
 def char_errors(hyps: Sequence[str], refs: Sequence[str]) -> tuple[int, int]:
@@ -72,6 +71,15 @@ def char_errors(hyps: Sequence[str], refs: Sequence[str]) -> tuple[int, int]:
 
 
 def char_error_rate(hyps: Sequence[str], refs: Sequence[str]) -> float:
-    """Corpus CER: total character edits over total reference characters (1.0 for empty references with output)."""
-    errors, chars = char_errors(hyps, refs)
-    return errors / chars if chars else float(errors > 0)
+    """Corpus CER: total character edits over total reference characters; NaN (n/a) when there are none."""
+    return error_rate(*char_errors(hyps, refs))
+
+
+def error_rate(errors: float, total: float) -> float:
+    """``errors / total``; NaN (not applicable) when there is nothing to score (``total == 0``), never 0."""
+    return errors / total if total > 0 else float("nan")
+
+
+def format_rate(rate: float) -> str:
+    """``12.34%``, or ``n/a`` for a rate over nothing (NaN)."""
+    return "n/a" if rate != rate else f"{100.0 * rate:.2f}%"

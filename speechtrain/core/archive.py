@@ -19,6 +19,7 @@ import json
 import os
 import tarfile
 import tempfile
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -160,6 +161,13 @@ def _safe_member_name(archive: Path, name: str) -> str:
 
 def _read_members(path: Path) -> dict[str, bytes]:
     members: dict[str, bytes] = {}
+    if zipfile.is_zipfile(path):  # torch.save's format: a Lightning .ckpt, or a bare state dict
+        raise ArchiveError(
+            f"{path} is a PyTorch/Lightning checkpoint (a zip), not a speechtrain model archive (.stm, a tar). Pass "
+            "the run's archive <run folder>/<name>.stm (written when training ends), or, to start from the "
+            "checkpoint's weights, give it as init_from.path to the training script (examples/asr_train.py): the "
+            "model is built from the YAML, then the checkpoint's weights are loaded."
+        )
     try:
         with tarfile.open(path, mode="r:") as tar:
             for info in tar:

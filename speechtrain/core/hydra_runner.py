@@ -8,14 +8,17 @@ takeover and working-directory change are not used: the run manager owns the run
 Extra flags: ``--cfg`` prints the composed, validated config and exits; ``-h``/``--help`` prints usage.
 """
 
+import dataclasses
 import functools
 import inspect
 import logging
+import os
 import re
 import sys
+import traceback
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from hydra import compose, initialize_config_dir
 from hydra.errors import HydraException
@@ -25,10 +28,12 @@ from omegaconf.errors import OmegaConfBaseException
 from speechtrain.common.config import (
     ConfigError,
     accepted_keywords,
+    nested_schema,
     schema_field,
     unknown_key_message,
     validate_config,
 )
+from speechtrain.core.exp_manager import discard_new_run_folder, log_to_run_file
 from speechtrain.lightning import CallbackGroup
 
 _OVERRIDE_KEY = re.compile(r"^(?P<prefix>~|\+\+|\+)?(?P<key>[\w.\-/@]+)")
@@ -78,12 +83,25 @@ def _explain_override_failure(config_name: str, overrides: list[str], error: Exc
         parent, _, leaf = match.group("key").rpartition(".")
         node = OmegaConf.select(base, parent) if parent else base
         if isinstance(node, DictConfig) and leaf not in node:
-            allowed = {str(k) for k in node.keys()} | (_signature_keys(schema, parent) or set())
+            typed = _schema_keys(schema, parent)
+            allowed = {str(k) for k in node.keys()} | (_signature_keys(schema, parent) or set()) | (typed or set())
             hint = unknown_key_message(parent, leaf, allowed)
-            if "Did you mean" not in hint:
+            if "Did you mean" not in hint and typed is None:
                 hint += f" To add a new key, write +{match.group('key')}=..."
             hints.append(hint)
     return "\n".join(hints) if hints else str(error)
+
+
+def _schema_keys(schema: type | None, dotted_key: str) -> set[str] | None:
+    """The field names of the dataclass that ``dotted_key`` names in ``schema`` (the whole schema for ``""``), or
+    None when that node is free-form (no typed schema: a new key may be added with ``+``)."""
+    if schema is None:
+        return None
+    if not dotted_key:
+        return {f.name for f in dataclasses.fields(schema)}
+    node = schema_field(schema, dotted_key)
+    nested = nested_schema(node) if node is not None else None
+    return {f.name for f in dataclasses.fields(nested)} if nested is not None else None
 
 
 def _signature_keys(schema: type | None, dotted_key: str) -> set[str] | None:
@@ -163,12 +181,35 @@ def hydra_runner(
             group.on_app_start()
             try:
                 return task(cfg)
+            except USER_ERRORS as error:
+                _stop_on_user_error(error)
+            except Exception:
+                log_to_run_file(logging.ERROR, f"The run ended with an error:\n{traceback.format_exc()}")
+                raise
             finally:
                 group.on_app_end()
 
         return wrapper
 
     return decorator
+
+
+# Mistakes in what the user gave (a config value, a path, a file): one line naming the culprit, exit status 2. The
+# traceback is kept out of the way (SPEECHTRAIN_TRACEBACK=1 shows it) since the message names the key and the fix.
+USER_ERRORS = (ConfigError, FileNotFoundError, ValueError)
+
+
+def _stop_on_user_error(error: Exception) -> NoReturn:
+    """Print ``<script>: error: <message>`` (one line), drop a run folder that this job created and that holds no
+    checkpoint, else record the error in its ``train.log``; exit with status 2."""
+    if os.environ.get("SPEECHTRAIN_TRACEBACK", "0") not in ("", "0"):
+        raise error
+    message = " ".join(str(error).split())
+    removed = discard_new_run_folder()
+    if removed is None:
+        log_to_run_file(logging.ERROR, f"The run ended with an error: {message}")
+    print(f"{Path(sys.argv[0]).name}: error: {message}", file=sys.stderr)
+    raise SystemExit(2)
 
 
 def _config_from_argv(
@@ -191,7 +232,7 @@ def _config_from_argv(
             raise ConfigError(f"No config file {config_dir / (name + '.yaml')}.")
         cfg = compose_config(config_dir, name, overrides, schema)
     except ConfigError as error:
-        print(f"{prog}: config error:\n{error}", file=sys.stderr)
+        print(f"{prog}: error: {error}", file=sys.stderr)
         raise SystemExit(2) from None
     if options["print_cfg"]:
         print(OmegaConf.to_yaml(cfg))
