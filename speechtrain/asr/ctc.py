@@ -7,7 +7,6 @@ and the Megatron bridge's step contract. Subclasses build the encoder in :meth:`
 :class:`ConformerCTCModel` is the Conformer / FastConformer recogniser.
 """
 
-import dataclasses
 import logging
 import time
 from dataclasses import dataclass, field
@@ -31,6 +30,7 @@ from speechtrain.asr.decoding import STRATEGIES, BeamSearchDecoder, DecodingConf
 from speechtrain.asr.features import LogMelFeatures, PreprocessorConfig
 from speechtrain.asr.spec_augment import SpecAugment, SpecAugmentConfig
 from speechtrain.common.batch import NoUsableDataError, is_empty_batch, no_usable_data_message
+from speechtrain.common.config import ConfigError
 from speechtrain.common.metrics import edit_distance, error_rate, format_rate
 from speechtrain.common.tokenizers import CharTokenizer, load_tokenizer
 from speechtrain.core.exp_manager import log_to_run_file
@@ -495,7 +495,8 @@ MODEL_SIZES: dict[str, dict[str, Any]] = {
 
 @dataclass
 class ConformerCTCConfig:
-    """Config of :class:`ConformerCTCModel` (``size`` fills in the encoder shape; explicit encoder keys win)."""
+    """Config of :class:`ConformerCTCModel` (``size`` fills in the encoder shape; every encoder key given in the YAML
+    or on the command line wins over the size, whatever its value)."""
 
     sample_rate: int = 16000
     size: str | None = None
@@ -511,30 +512,22 @@ class ConformerCTCConfig:
     )
     optim: OptimConfig = field(default_factory=OptimConfig)
 
-
-def sized_config(config: dict[str, Any]) -> dict[str, Any]:
-    """``config`` with ``size``'s encoder shape filled in. An encoder key wins over the size only when it differs
-    from the encoder's default (a validated config holds every key, so a default value cannot be told apart from
-    one that was not given)."""
-    size = config.get("size")
-    if not size:
-        return config
-    if size not in MODEL_SIZES:
-        raise ValueError(f"Unknown model size {size!r}; choose one of {', '.join(MODEL_SIZES)}.")
-    defaults = dataclasses.asdict(ConformerConfig())
-    given = {k: v for k, v in dict(config.get("encoder") or {}).items() if k not in defaults or v != defaults[k]}
-    return {**config, "encoder": {**defaults, **MODEL_SIZES[size], **given}}
+    @staticmethod
+    def expand_given(config: dict[str, Any]) -> dict[str, Any]:
+        """Called by :func:`~speechtrain.common.config.validate_config` on the keys given, before defaults are
+        filled in: ``size``'s encoder shape under the encoder keys that were given."""
+        size = config.get("size")
+        if not size:
+            return config
+        if size not in MODEL_SIZES:
+            raise ConfigError(f"Unknown model.size={size!r}; choose one of {', '.join(MODEL_SIZES)}.")
+        return {**config, "encoder": {**MODEL_SIZES[size], **dict(config.get("encoder") or {})}}
 
 
 class ConformerCTCModel(CTCModel):
     """Conformer (``striding``, 4x) or FastConformer (``dw_striding``, 8x) encoder with a CTC head."""
 
     Config = ConformerCTCConfig
-
-    def __init__(self, cfg: Any) -> None:
-        if not isinstance(cfg, ConformerCTCConfig):
-            cfg = sized_config(OmegaConf.to_container(cfg) if OmegaConf.is_config(cfg) else dict(cfg))
-        super().__init__(cfg)
 
     def build_encoder(self) -> tuple[torch.nn.Module, int]:
         enc = OmegaConf.to_object(self.cfg.encoder)

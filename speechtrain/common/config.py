@@ -90,6 +90,19 @@ def find_unknown_keys(config: Mapping[str, Any], schema: type, path: str = "") -
     return problems
 
 
+def expand_given(config: Mapping[str, Any], schema: type) -> dict[str, Any]:
+    """``config`` (only the keys the user gave) with each dataclass node's ``expand_given(node) -> node`` applied,
+    innermost first, before any default is filled in: a hook that fills keys from a preset (e.g. a model ``size``)
+    sees exactly what was given, so an explicit key always wins, even one equal to the schema's default."""
+    result = dict(config)
+    for f in dataclasses.fields(schema):
+        nested = _dataclass_of(f.type)
+        if nested is not None and isinstance(result.get(f.name), Mapping):
+            result[f.name] = expand_given(result[f.name], nested)
+    hook = getattr(schema, "expand_given", None)
+    return dict(hook(result)) if callable(hook) else result
+
+
 def validate_config(config: Mapping[str, Any] | DictConfig, schema: type) -> DictConfig:
     """Check ``config`` against ``schema`` and return it merged onto the schema's defaults.
 
@@ -105,6 +118,7 @@ def validate_config(config: Mapping[str, Any] | DictConfig, schema: type) -> Dic
     problems = find_unknown_keys(plain, schema)
     if problems:
         raise ConfigError("\n".join(problems))
+    plain = expand_given(plain, schema)
     try:
         merged = OmegaConf.merge(OmegaConf.structured(schema), plain)
     except OmegaConfBaseException as error:

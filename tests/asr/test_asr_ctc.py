@@ -1,3 +1,4 @@
+import dataclasses
 import importlib.util
 import logging
 from pathlib import Path
@@ -44,8 +45,43 @@ def _batch(manifest, model, count=6):
 def test_sizes_fill_the_encoder_and_explicit_keys_win():
     model = ConformerCTCModel({"size": "small", "tokenizer": {"vocab": DIGITS}, "encoder": {"num_layers": 2}})
     assert model.cfg.encoder.d_model == MODEL_SIZES["small"]["d_model"] and model.cfg.encoder.num_layers == 2
-    with pytest.raises(ValueError, match="Unknown model size 'huge'"):
+    with pytest.raises(ValueError, match="Unknown model.size='huge'"):
         ConformerCTCModel({"size": "huge", "tokenizer": {"vocab": DIGITS}})
+
+
+def _another_value(value):
+    alternatives = {"batch_norm": "layer_norm", "layer_norm": "batch_norm", "striding": "dw_striding",
+                    "dw_striding": "striding"}  # fmt: skip
+    if isinstance(value, bool):
+        return not value
+    if isinstance(value, str):
+        return alternatives[value]
+    return value * 2 + 1 if isinstance(value, int) else round(value + 0.25, 2)
+
+
+@pytest.mark.parametrize("size", ["demo", "large"])
+def test_every_explicit_encoder_key_wins_over_the_size_even_at_its_default(size):
+    from speechtrain.asr.conformer import ConformerConfig
+    from speechtrain.asr.ctc import ConformerCTCConfig
+    from speechtrain.common.config import validate_config
+    from speechtrain.core.job import train_job_schema
+
+    schema = train_job_schema(ConformerCTCConfig)
+    defaults = dataclasses.asdict(ConformerConfig())
+    sized = {**defaults, **MODEL_SIZES[size]}
+    for key, default in defaults.items():
+        for value in (default, _another_value(sized[key])):
+            job = validate_config({"model": {"size": size, "tokenizer": {"vocab": DIGITS},
+                                             "encoder": {key: value}}}, schema)  # fmt: skip
+            encoder = ConformerCTCModel(job.model).cfg.encoder
+            assert encoder[key] == value, (size, key, value)
+            assert {k: v for k, v in encoder.items() if k != key} == {k: v for k, v in sized.items() if k != key}
+    # The command line of issue 19: model.size=demo model.encoder.dropout=0.1 trains with dropout 0.1.
+    from speechtrain.core.hydra_runner import compose_config
+
+    overrides = ["model.size=demo", "model.encoder.dropout=0.1", "model.tokenizer.vocab=[a,b]"]
+    cfg = compose_config(EXAMPLES / "conf", "asr_train", overrides, schema)
+    assert ConformerCTCModel(cfg.model).cfg.encoder.dropout == 0.1
 
 
 @pytest.mark.parametrize("reduction", ["mean_volume", "mean_batch"])
