@@ -1,0 +1,106 @@
+"""What a user meets at the entry points: a mistake stops the job with one line that names the key and the fix,
+exit status 2, and no run folder left behind; a run that has no usable data never "succeeds"."""
+
+import json
+import sys
+
+import pytest
+from conftest import example_main, example_overrides
+
+
+def _run_example(monkeypatch, tmp_path, manifest, *overrides):
+    monkeypatch.setattr(sys, "argv", ["asr_train.py", *example_overrides(tmp_path, manifest), *overrides])
+    return example_main()()
+
+
+def _relative_copy(manifest, folder, count=6):
+    """``head -6 train/manifest.json > new/train.json``: relative audio paths that now point nowhere."""
+    folder.mkdir(parents=True, exist_ok=True)
+    rows = [json.loads(line) for line in manifest.read_text().splitlines()[:count]]
+    for row in rows:
+        row["audio_filepath"] = str(manifest.parent / row["audio_filepath"])
+        row["audio_filepath"] = "audio/" + row["audio_filepath"].rsplit("/", 1)[-1]
+    (folder / "train.json").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return folder / "train.json"
+
+
+TRAIN, VAL = "model.train_ds.manifest_filepath", "model.validation_ds.manifest_filepath"
+NEVER = ["trainer.max_steps=8", "+trainer.val_check_interval=100", "trainer.check_val_every_n_epoch=null"]
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        ([f"{TRAIN}={{tmp}}/missing.json"], f"{TRAIN}={{tmp}}/missing.json: no such file"),
+        ([f"{VAL}={{tmp}}/nope.json"], f"{VAL}={{tmp}}/nope.json: no such file"),
+        (["model.optim.lr=-0.001"], "model.optim.lr=-0.001: must be > 0"),
+        (NEVER, "This run would never validate: it stops after trainer.max_steps=8 steps, before the first "
+                "validation at batch trainer.val_check_interval=100. Lower it, e.g. trainer.val_check_interval=4."),
+        ([f"{TRAIN}={{tmp}}/new/train.json"],
+         f"{TRAIN}={{tmp}}/new/train.json: no usable utterance, none of its 6 audio files exists"),
+        (["model.encoder.d_modle=3"], "Unknown config key 'model.encoder.d_modle'. Did you mean 'model.encoder.d_m"),
+    ],
+)  # fmt: skip
+def test_mistakes_stop_with_one_line_exit_2_and_leave_nothing(tmp_path, dtmf_manifest, monkeypatch, capsys,
+                                                              overrides, message):  # fmt: skip
+    _relative_copy(dtmf_manifest, tmp_path / "new")
+    overrides = [o.format(tmp=tmp_path) for o in overrides]
+    with pytest.raises(SystemExit) as stop:
+        _run_example(monkeypatch, tmp_path, dtmf_manifest, "trainer.max_epochs=1", *overrides)
+    assert stop.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("asr_train.py: error: "), err
+    assert message.format(tmp=tmp_path) in err[0]
+    if "no usable utterance" in message:
+        assert f"resolved against the manifest's folder {tmp_path / 'new'}" in err[0]
+    assert not (tmp_path / "exp").exists()  # no run folder left behind
+
+
+def _untokenizable_copy(manifest, path, count=8):
+    rows = [json.loads(line) for line in manifest.read_text().splitlines()[:count]]
+    for row in rows:
+        row["audio_filepath"] = str(manifest.parent / row["audio_filepath"])
+        row["text"] = "no digits here"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_a_validation_set_without_usable_utterances_stops_the_run_by_name(tmp_path, dtmf_manifest, monkeypatch,
+                                                                          capsys):  # fmt: skip
+    bad = _untokenizable_copy(dtmf_manifest, tmp_path / "letters.json")
+    with pytest.raises(SystemExit) as stop:
+        _run_example(monkeypatch, tmp_path, dtmf_manifest, f"{VAL}={bad}", "trainer.max_steps=2",
+                     "+trainer.val_check_interval=2", "trainer.check_val_every_n_epoch=null",
+                     "exp_manager.checkpoint_callback_params.every_n_train_steps=1")  # fmt: skip
+    assert stop.value.code == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert f"No usable utterance in validation set letters of model.validation_ds.manifest_filepath={bad}" in line
+    assert "all 8 utterances were skipped: unencodable_text=8 (e.g. " in line
+    # A checkpoint had been written: the run folder stays, and its train.log says why the run ended.
+    (run,) = (tmp_path / "exp" / "asr_demo").iterdir()
+    assert (
+        "The run ended with an error: No usable utterance in validation set letters" in (run / "train.log").read_text()
+    )
+
+
+def test_a_training_epoch_without_usable_utterances_stops_the_run(tmp_path, dtmf_manifest, monkeypatch, capsys):
+    bad = _untokenizable_copy(dtmf_manifest, tmp_path / "letters.json")
+    with pytest.raises(SystemExit) as stop:
+        _run_example(monkeypatch, tmp_path, dtmf_manifest, f"model.train_ds.manifest_filepath={bad}",
+                     "trainer.max_epochs=1", "model.validation_ds.manifest_filepath=null")  # fmt: skip
+    assert stop.value.code == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert f"No usable utterance in training epoch 0 of model.train_ds.manifest_filepath={bad}" in line
+    assert "unencodable_text=8" in line
+    assert not list((tmp_path / "exp").rglob("*.stm")) and not list((tmp_path / "exp").rglob("*.ckpt"))
+
+
+def test_a_lightning_checkpoint_is_named_for_what_it_is(tmp_path):
+    import torch
+
+    from speechtrain.core.archive import ArchiveError
+    from speechtrain.core.model import SpeechModel
+
+    torch.save({"state_dict": {}}, tmp_path / "last.ckpt")
+    with pytest.raises(ArchiveError, match="is a PyTorch/Lightning checkpoint .* Pass the run's archive"):
+        SpeechModel.restore_from(tmp_path / "last.ckpt")
