@@ -294,12 +294,17 @@ def summarize(rows: Sequence[Mapping[str, Any]], seconds: float) -> list[str]:
         f"RTFx {rtfx:.1f}"
     ]
     scored = [r for r in done if isinstance(r.get("text"), str)]
-    if scored:
+    unscored = sum(1 for r in rows if r.get("pred_text") is None and isinstance(r.get("text"), str))
+    if scored or unscored:
         hyps, refs = [r["pred_text"] for r in scored], [r["text"] for r in scored]
         errors, words = metrics.word_errors(hyps, refs)
-        line = f"WER {100.0 * errors / max(words, 1):.2f}% ({errors} errors / {words} words, {len(scored)} utterances)"
+        rate = metrics.format_rate(metrics.error_rate(errors, words))
+        line = f"WER {rate} ({errors} errors / {words} words, {len(scored)} utterances"
+        line += f"; {unscored} skipped, see 'error')" if unscored else ")"
         errors, chars = metrics.char_errors(hyps, refs)
-        line += f", CER {100.0 * errors / max(chars, 1):.2f}% ({errors} errors / {chars} characters)"
+        line += (
+            f", CER {metrics.format_rate(metrics.error_rate(errors, chars))} ({errors} errors / {chars} characters)"
+        )
         lines.append(line)
     failed = [r for r in rows if r.get("error")]
     if failed:

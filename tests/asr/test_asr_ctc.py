@@ -120,8 +120,10 @@ def test_archive_round_trip_with_a_bpe_tokenizer_gives_identical_transcripts(tmp
 
 def test_several_validation_sets_are_reported_by_name(tmp_path, dtmf_manifest):
     other = tmp_path / "other.json"
-    other.write_text("".join(dtmf_manifest.read_text().splitlines(keepends=True)[:10]).replace(
-        '"audio_filepath": "', f'"audio_filepath": "{dtmf_manifest.parent}/'))  # fmt: skip
+    lines = dtmf_manifest.read_text().splitlines(keepends=True)
+    key = '"audio_filepath": "'
+    good = "".join(lines[:10]).replace(key, f"{key}{dtmf_manifest.parent}/")
+    other.write_text(good + "".join(lines[10:13]).replace(key, f"{key}{tmp_path}/gone/"))  # 3 missing files
     cfg = _config(dtmf_manifest)
     cfg["validation_ds"]["manifest_filepath"] = [str(dtmf_manifest), str(other)]
     model = ConformerCTCModel(cfg)
@@ -134,6 +136,8 @@ def test_several_validation_sets_are_reported_by_name(tmp_path, dtmf_manifest):
     for key in ("val_wer", "val_cer", "val_loss", f"val_wer_{name}", "val_wer_other", "val_cer_other"):
         assert key in metrics, key
     assert float(metrics["val_wer"]) == float(metrics[f"val_wer_{name}"])
+    # Utterances that could not be scored are counted beside the WER, per set.
+    assert float(metrics["val_skipped_other"]) == 3 and float(metrics[f"val_skipped_{name}"]) == 0
 
 
 def test_validation_set_names():
