@@ -75,7 +75,7 @@ def _training_texts(train_manifest: Any, what: str, *params: Any) -> tuple[list[
     import hashlib
 
     if not train_manifest:
-        raise ValueError(f"There is no train_ds.manifest_filepath to train {what} on.")
+        raise ValueError(f"model.train_ds.manifest_filepath is not set: there is no training text to fit {what} on.")
     manifests = [train_manifest] if isinstance(train_manifest, str) else list(train_manifest)
     paths = [Path(resolve_manifest(m)).resolve() for m in manifests]
     for name, path in zip(manifests, paths):

@@ -22,6 +22,7 @@ from typing import Any, NoReturn
 
 from hydra import compose, initialize_config_dir
 from hydra.errors import HydraException
+from lightning.fabric.utilities.exceptions import MisconfigurationException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
@@ -189,6 +190,10 @@ def hydra_runner(
             finally:
                 group.on_app_end()
 
+        # What the script composes, for tools and tests that check every shipped config against its schema.
+        wrapper.schema = schema
+        wrapper.config_name = config_name
+        wrapper.config_dir = script_dir / config_path if config_path else script_dir
         return wrapper
 
     return decorator
@@ -196,7 +201,7 @@ def hydra_runner(
 
 # Mistakes in what the user gave (a config value, a path, a file): one line naming the culprit, exit status 2. The
 # traceback is kept out of the way (SPEECHTRAIN_TRACEBACK=1 shows it) since the message names the key and the fix.
-USER_ERRORS = (ConfigError, FileNotFoundError, ValueError)
+USER_ERRORS = (ConfigError, FileNotFoundError, ValueError, MisconfigurationException)
 
 
 def _stop_on_user_error(error: Exception) -> NoReturn:
@@ -205,6 +210,8 @@ def _stop_on_user_error(error: Exception) -> NoReturn:
     if os.environ.get("SPEECHTRAIN_TRACEBACK", "0") not in ("", "0"):
         raise error
     message = " ".join(str(error).split())
+    if isinstance(error, MisconfigurationException):
+        message = f"Lightning refused the trainer settings (trainer.*): {message}"
     removed = discard_new_run_folder()
     if removed is None:
         log_to_run_file(logging.ERROR, f"The run ended with an error: {message}")
