@@ -19,7 +19,6 @@ import json
 import os
 import tarfile
 import tempfile
-import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -161,7 +160,9 @@ def _safe_member_name(archive: Path, name: str) -> str:
 
 def _read_members(path: Path) -> dict[str, bytes]:
     members: dict[str, bytes] = {}
-    if zipfile.is_zipfile(path):  # torch.save's format: a Lightning .ckpt, or a bare state dict
+    with open(path, "rb") as head:
+        is_zip = head.read(4) == b"PK\x03\x04"
+    if is_zip:  # torch.save's format: a Lightning .ckpt, or a bare state dict
         raise ArchiveError(
             f"{path} is a PyTorch/Lightning checkpoint (a zip), not a speechtrain model archive (.stm, a tar). Pass "
             "the run's archive <run folder>/<name>.stm (written when training ends), or, to start from the "

@@ -31,7 +31,7 @@ from omegaconf import DictConfig, OmegaConf
 from speechtrain.common.config import validate_config
 from speechtrain.lightning import CallbackGroup, TelemetryCallback
 from speechtrain.lightning.fault_tolerance import PreemptionCallback
-from speechtrain.lightning.launch import is_global_rank_zero, job_version
+from speechtrain.lightning.launch import is_global_rank_zero, job_version, shared_name
 
 logger = logging.getLogger(__name__)
 
@@ -231,9 +231,10 @@ def exp_manager(
     if version is None:
         # Ranks that Lightning launches later re-run the script and inherit VERSION_ENV; ranks that srun or
         # torchrun start together derive the same name from the job.
-        version = os.environ.get(VERSION_ENV) or job_version()
+        inherited = None if is_global_rank_zero() else os.environ.get(VERSION_ENV)
+        version = inherited or job_version()
         if version is None:
-            version = _new_version(run_root)
+            version = shared_name(run_root, lambda: _new_version(run_root))
             if is_global_rank_zero():
                 os.environ[VERSION_ENV] = version
     log_dir = run_root / version

@@ -164,7 +164,9 @@ def hydra_runner(
         schema: dataclass the composed config must fit (see :mod:`speechtrain.common.config`).
 
     The decorated function, called without arguments, reads ``sys.argv``; called with a config, it runs on that.
-    Lifecycle events ``on_app_start`` / ``on_app_end`` bracket the job.
+    Lifecycle events ``on_app_start`` / ``on_app_end`` bracket the job. From the command line, a mistake in what
+    the user gave (:data:`USER_ERRORS`) ends the job with one line on stderr and exit status 2, and a run folder it
+    created without writing a checkpoint is removed; any error that ends a run is written to its ``train.log``.
     """
 
     def decorator(task: Callable[[DictConfig], Any]) -> Callable[..., Any]:
@@ -172,7 +174,8 @@ def hydra_runner(
 
         @functools.wraps(task)
         def wrapper(cfg: DictConfig | None = None) -> Any:
-            if cfg is None:
+            command_line = cfg is None
+            if command_line:
                 cfg = _config_from_argv(sys.argv[1:], script_dir, config_path, config_name, schema)
                 if cfg is None:
                     return None
@@ -183,6 +186,8 @@ def hydra_runner(
             try:
                 return task(cfg)
             except USER_ERRORS as error:
+                if not command_line:  # a caller with a config of its own handles the exception
+                    raise
                 _stop_on_user_error(error)
             except Exception:
                 log_to_run_file(logging.ERROR, f"The run ended with an error:\n{traceback.format_exc()}")

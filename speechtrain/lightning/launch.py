@@ -72,3 +72,27 @@ def build_on_rank_zero(target: Path, build: Callable[[], None], what: str) -> No
                 f"{target}. Is that folder on a file system all nodes share? ({BUILD_TIMEOUT_ENV} sets the wait.)"
             )
         time.sleep(0.5)
+
+
+def shared_name(folder: Path, make: Callable[[], str], stale_s: float = 120.0) -> str:
+    """A name that every process of a torchrun launch without a rendezvous id agrees on: global rank 0 calls
+    ``make`` and publishes the result in ``folder`` (a file keyed by the rendezvous address); the other ranks read
+    it. Outside such a launch, ``make()``. A published file older than ``stale_s`` seconds belongs to an earlier
+    launch and is waited past."""
+    if "RANK" not in os.environ or int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return make()
+    key = f"{os.environ.get('MASTER_ADDR', 'localhost')}-{os.environ.get('MASTER_PORT', '0')}"
+    published = folder / f".launch-{key}"
+    if is_global_rank_zero():
+        name = make()
+        folder.mkdir(parents=True, exist_ok=True)
+        tmp = published.with_suffix(f".tmp{os.getpid()}")
+        tmp.write_text(name)
+        os.replace(tmp, published)
+        return name
+    deadline = time.monotonic() + float(os.environ.get(BUILD_TIMEOUT_ENV, "3600"))
+    while time.monotonic() < deadline:
+        if published.is_file() and time.time() - published.stat().st_mtime < stale_s:
+            return published.read_text().strip()
+        time.sleep(0.2)
+    raise TimeoutError(f"Global rank {env_global_rank()} waited for global rank 0 to name the run in {published}.")

@@ -48,7 +48,7 @@ def test_two_srun_tasks_share_one_run_folder_and_build_the_tokenizer_and_lm_once
                   "trainer.check_val_every_n_epoch=null",
                   "exp_manager.create_tensorboard_logger=false"]  # fmt: skip
     job_id = str(random.randint(20000, 29999))  # Lightning's SLURM port: 10000 + the job id's last 4 digits
-    launcher = ("SLURM_", "RANK", "LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "MASTER_", "TORCHELASTIC")
+    launcher = ("SLURM_", "RANK", "LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "MASTER_", "TORCHELASTIC", "SPEECHTRAIN_")
     keep = {k: v for k, v in os.environ.items() if not k.startswith(launcher)}
     keep.update(OMP_NUM_THREADS="1", OMP_WAIT_POLICY="PASSIVE", SPEECHTRAIN_DATASETS_CACHE=str(tmp_path / "cache"),
                 SPEECHTRAIN_TELEMETRY="0")  # fmt: skip
@@ -70,3 +70,15 @@ def test_two_srun_tasks_share_one_run_folder_and_build_the_tokenizer_and_lm_once
     run = tmp_path / "exp" / "asr_demo" / f"job{job_id}"
     assert (run / "asr_demo.stm").is_file() and (run / "train.log").is_file()
     assert "Final:" in (run / "train.log").read_text()
+
+
+def test_torchrun_ranks_without_a_rendezvous_id_share_the_name_rank_zero_made(tmp_path, monkeypatch):
+    for name in ("SLURM_PROCID", "SLURM_NTASKS", "TORCHELASTIC_RUN_ID", "LOCAL_RANK", "NODE_RANK", "GROUP_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("MASTER_PORT", "29511")
+    monkeypatch.setenv("RANK", "0")
+    assert launch.job_version() is None
+    assert launch.shared_name(tmp_path, lambda: "2026-12-01_10-00-00") == "2026-12-01_10-00-00"
+    monkeypatch.setenv("RANK", "1")  # another node: it reads rank 0's name instead of making its own
+    assert launch.shared_name(tmp_path, lambda: pytest.fail("rank 1 must not name the run")) == "2026-12-01_10-00-00"
