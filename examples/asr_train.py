@@ -23,10 +23,10 @@ from speechtrain.lightning import Trainer, teardown
 def main(cfg):
     start = time.perf_counter()
     pl.seed_everything(cfg.seed, verbose=False)
-    trainer = Trainer(**OmegaConf.to_container(cfg.trainer, resolve=True))
-    log_dir = exp_manager(trainer, cfg.exp_manager, name=cfg.name, job_config=cfg)
     ensure_tokenizer(cfg.model.tokenizer, cfg.model.train_ds.manifest_filepath)
     ensure_lm(cfg.model.decoding, cfg.model.train_ds.manifest_filepath)
+    trainer = Trainer(**OmegaConf.to_container(cfg.trainer, resolve=True))
+    log_dir = exp_manager(trainer, cfg.exp_manager, name=cfg.name, job_config=cfg)
     model = ConformerCTCModel(cfg.model)
     if cfg.init_from.path:
         model.init_from_pretrained(cfg.init_from.path, cfg.init_from.include, cfg.init_from.exclude)

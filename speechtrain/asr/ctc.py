@@ -170,6 +170,34 @@ def fit_and_report(trainer: Any, model: "CTCModel", log_dir: Any, start: float) 
         log_to_run_file(logging.INFO, line)
 
 
+def restore_for_finetuning(path: str | Path) -> SpeechModel:
+    """The pretrained model a fine-tuning job starts from: a model archive (``.stm``), or a Lightning checkpoint
+    (``.ckpt``) of a training run, whose model config is read from the run folder's ``config.yaml``.
+
+    Raises:
+        FileNotFoundError: a checkpoint outside a run folder (no ``config.yaml`` two folders up).
+    """
+    path = Path(path)
+    if path.suffix != ".ckpt":
+        return SpeechModel.restore_from(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"init_from.path={path}: no such checkpoint.")
+    config = path.resolve().parent.parent / "config.yaml"
+    if not config.is_file():
+        raise FileNotFoundError(
+            f"init_from.path={path} is a Lightning checkpoint; its model config comes from the run folder's "
+            f"config.yaml, which is not at {config}. Pass the run's model archive (<run folder>/<name>.stm) instead."
+        )
+    job = OmegaConf.load(config)
+    ensure_tokenizer(job.model.tokenizer, job.model.train_ds.manifest_filepath)
+    ensure_lm(job.model.decoding, job.model.train_ds.manifest_filepath)
+    model = ConformerCTCModel(job.model)
+    report = model.init_from_pretrained(path)
+    if report.missing or report.mismatched:
+        raise ValueError(f"init_from.path={path} does not hold the weights of the model in {config}: {report}")
+    return model
+
+
 def validation_set_name(manifest: str) -> str:
     """A short name for a validation manifest: ``builtin:espeak/dev`` -> ``dev``; ``.../dev/manifest.json`` -> ``dev``;
     ``.../other.json`` -> ``other``."""

@@ -358,7 +358,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     device = ("cuda" if torch.cuda.is_available() else "cpu") if cfg.device == "auto" else cfg.device
     decoding = cfg.decoding_overrides()
     override = {"decoding": decoding} if decoding else None
-    model = SpeechModel.restore_from(cfg.model_path, map_location=device, override_config=override).eval()
+    try:
+        model = SpeechModel.restore_from(cfg.model_path, map_location=device, override_config=override).eval()
+    except (ValueError, FileNotFoundError) as e:  # not an archive (e.g. a training checkpoint), or a damaged one
+        fail(str(e))
     if not callable(getattr(model, "transcribe", None)):
         fail(f"{type(model).__name__} (from {cfg.model_path}) has no transcribe method.")
 

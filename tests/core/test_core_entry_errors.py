@@ -82,6 +82,21 @@ def test_a_validation_set_without_usable_utterances_stops_the_run_by_name(tmp_pa
         "The run ended with an error: No usable utterance in validation set letters" in (run / "train.log").read_text()
     )
 
+    # That run's checkpoint: fine-tuning starts from it (config from the run folder), transcription says what to pass.
+    import torch
+
+    from speechtrain.asr.ctc import restore_for_finetuning
+    from speechtrain.asr.transcribe import main as transcribe
+
+    (ckpt,) = (run / "checkpoints").glob("*last.ckpt")
+    model = restore_for_finetuning(ckpt)
+    saved = torch.load(ckpt, map_location="cpu", weights_only=True)["state_dict"]
+    assert saved and all(torch.equal(model.state_dict()[k], v) for k, v in saved.items())
+    with pytest.raises(SystemExit) as stop:
+        transcribe([f"model_path={ckpt}", f"audio={dtmf_manifest}"])
+    assert stop.value.code == 2
+    assert "is a PyTorch/Lightning checkpoint (a zip), not a speechtrain model archive" in capsys.readouterr().err
+
 
 def test_a_training_epoch_without_usable_utterances_stops_the_run(tmp_path, dtmf_manifest, monkeypatch, capsys):
     bad = _untokenizable_copy(dtmf_manifest, tmp_path / "letters.json")
