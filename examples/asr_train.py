@@ -3,7 +3,7 @@
 python examples/asr_train.py                                   # built-in eSpeak corpus, CPU demo (23 min of training)
 python examples/asr_train.py trainer.devices=2                 # two data-parallel processes
 python examples/asr_train.py trainer.strategy.tensor_model_parallel_size=2 trainer.devices=2
-python examples/asr_train.py model.size=small model.encoder.subsampling=dw_striding model.encoder.subsampling_factor=8
+python examples/asr_train.py --config-name fastconformer_ctc_large model.train_ds.manifest_filepath=train.json  # GPUs
 python examples/asr_train.py exp_manager.resume_if_exists=true # continue the latest run
 """
 
