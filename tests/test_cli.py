@@ -2,6 +2,7 @@
 parser: a bad argument is one line on stderr and exit status 2."""
 
 import importlib
+import importlib.util
 
 import pytest
 
@@ -50,3 +51,18 @@ def test_argparse_tools_answer_help(module, capsys):
     with pytest.raises(SystemExit) as stop:
         importlib.import_module(module).main(["--help"])
     assert stop.value.code == 0 and capsys.readouterr().out.startswith("usage: ")
+
+
+@pytest.mark.parametrize("script", ["asr_train", "asr_finetune", "tts_train", "salm_train"])
+def test_example_scripts_answer_help_with_their_examples(script, capsys, monkeypatch):
+    from pathlib import Path
+
+    examples = Path(__file__).resolve().parents[1] / "examples"
+    spec = importlib.util.spec_from_file_location(f"help_{script}", examples / f"{script}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    monkeypatch.setattr("sys.argv", [f"{script}.py", "--help"])
+    assert module.main() is None
+    out = capsys.readouterr().out
+    assert out.startswith(f"usage: {script}.py ") and f"python examples/{script}.py" in out
+    assert str(examples / "conf" / f"{script}.yaml") in out

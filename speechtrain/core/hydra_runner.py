@@ -41,7 +41,8 @@ _OVERRIDE_KEY = re.compile(r"^(?P<prefix>~|\+\+|\+)?(?P<key>[\w.\-/@]+)")
 USAGE = """usage: {prog} [--config-path DIR] [--config-name NAME] [--cfg] [key=value | +key=value | ~key ...]
 
 Overrides use Hydra's grammar: model.optim.lr=1e-4 sets a key, +key=v adds a new one, ++key=v sets or adds,
-~key deletes. --cfg prints the composed config and exits."""
+~key deletes. --cfg prints the composed config (every key with its value or default) and exits.
+A mistake in a key or value stops the job with one line and exit status 2. Config: {config}"""
 
 
 def _parse_argv(argv: list[str]) -> tuple[dict[str, Any], list[str]]:
@@ -171,12 +172,13 @@ def hydra_runner(
 
     def decorator(task: Callable[[DictConfig], Any]) -> Callable[..., Any]:
         script_dir = Path(inspect.getfile(task)).resolve().parent
+        script_doc = task.__globals__.get("__doc__")  # the script's docstring: its examples, shown by --help
 
         @functools.wraps(task)
         def wrapper(cfg: DictConfig | None = None) -> Any:
             command_line = cfg is None
             if command_line:
-                cfg = _config_from_argv(sys.argv[1:], script_dir, config_path, config_name, schema)
+                cfg = _config_from_argv(sys.argv[1:], script_dir, config_path, config_name, schema, script_doc)
                 if cfg is None:
                     return None
             if not logging.getLogger().handlers:
@@ -225,13 +227,20 @@ def _stop_on_user_error(error: Exception) -> NoReturn:
 
 
 def _config_from_argv(
-    argv: list[str], script_dir: Path, config_path: str | None, config_name: str | None, schema: type | None
+    argv: list[str],
+    script_dir: Path,
+    config_path: str | None,
+    config_name: str | None,
+    schema: type | None,
+    doc: str | None = None,
 ) -> DictConfig | None:
     prog = Path(sys.argv[0]).name
     try:
         options, overrides = _parse_argv(argv)
         if options["help"]:
-            print(USAGE.format(prog=prog))
+            print(USAGE.format(prog=prog, config=script_dir / (config_path or ".") / f"{config_name}.yaml"))
+            if doc:
+                print(f"\n{doc.strip()}")
             return None
         config_dir = Path(options.get("config_path") or config_path or ".")
         if not config_dir.is_absolute():
