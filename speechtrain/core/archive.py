@@ -165,9 +165,9 @@ def _read_members(path: Path) -> dict[str, bytes]:
     if is_zip:  # torch.save's format: a Lightning .ckpt, or a bare state dict
         raise ArchiveError(
             f"{path} is a PyTorch/Lightning checkpoint (a zip), not a speechtrain model archive (.stm, a tar). Pass "
-            "the run's archive <run folder>/<name>.stm (written when training ends), or, to start from the "
-            "checkpoint's weights, give it as init_from.path to the training script (examples/asr_train.py): the "
-            "model is built from the YAML, then the checkpoint's weights are loaded."
+            "the run's archive <run folder>/<name>.stm (written when training ends), or fine-tune from the "
+            "checkpoint: examples/asr_finetune.py init_from.path=<the .ckpt> reads the model config from its run "
+            "folder (a training script's init_from.path also takes a .ckpt: its weights over the YAML's model)."
         )
     try:
         with tarfile.open(path, mode="r:") as tar:
