@@ -33,7 +33,7 @@ from speechtrain.common.batch import NoUsableDataError, is_empty_batch, no_usabl
 from speechtrain.common.config import ConfigError
 from speechtrain.common.metrics import edit_distance, error_rate, format_rate
 from speechtrain.common.tokenizers import CharTokenizer, load_tokenizer
-from speechtrain.core.exp_manager import log_to_run_file
+from speechtrain.core.exp_manager import print_final
 from speechtrain.core.model import SpeechModel
 from speechtrain.core.optim import OptimConfig
 from speechtrain.data.audio_text import SkipTally
@@ -166,8 +166,7 @@ def fit_and_report(trainer: Any, model: "CTCModel", log_dir: Any, start: float) 
             f"{k}={format_rate(float(v))}" for k, v in sorted(metrics.items()) if "wer" in k or "cer" in k
         )
         line = f"Final: {shown} | {time.perf_counter() - start:.0f} s wall | run folder {log_dir}"
-        print(f"\n{line}")
-        log_to_run_file(logging.INFO, line)
+        print_final(line)
 
 
 def restore_for_finetuning(path: str | Path) -> SpeechModel:

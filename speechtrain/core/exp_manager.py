@@ -321,6 +321,12 @@ def log_to_run_file(level: int, message: str) -> None:
             handler.handle(record)
 
 
+def print_final(line: str) -> None:
+    """Print a run's closing ``Final: ...`` line on stdout and keep it in the run's ``train.log``."""
+    print(f"\n{line}", flush=True)
+    log_to_run_file(logging.INFO, line)
+
+
 def _detach_file_log() -> None:
     for name in ("speechtrain", "lightning.pytorch"):
         target = logging.getLogger(name)
