@@ -221,7 +221,7 @@ def _stop_on_user_error(error: Exception) -> NoReturn:
         message = f"Lightning refused the trainer settings (trainer.*): {message}"
     removed = discard_new_run_folder()
     if removed is None:
-        log_to_run_file(logging.ERROR, f"The run ended with an error: {message}")
+        log_to_run_file(logging.ERROR, f"The run ended with an error: {message}\n{traceback.format_exc()}")
     print(f"{Path(sys.argv[0]).name}: error: {message}", file=sys.stderr)
     raise SystemExit(2)
 
