@@ -296,6 +296,11 @@ def _remember_new_folder(log_dir: Path) -> None:
     _NEW_RUN_FOLDER.append(top)
 
 
+def forget_new_run_folder() -> None:
+    """Start of a job: a run folder an earlier job of this process created is never this job's to remove."""
+    _NEW_RUN_FOLDER.clear()
+
+
 def discard_new_run_folder() -> Path | None:
     """Remove the run folder this process created (with the parents it created) when it holds no checkpoint and
     no archive: a job stopped by a config or data error at start leaves nothing behind. Returns the removed

@@ -34,7 +34,7 @@ from speechtrain.common.config import (
     unknown_key_message,
     validate_config,
 )
-from speechtrain.core.exp_manager import discard_new_run_folder, log_to_run_file
+from speechtrain.core.exp_manager import discard_new_run_folder, forget_new_run_folder, log_to_run_file
 from speechtrain.lightning import CallbackGroup
 
 _OVERRIDE_KEY = re.compile(r"^(?P<prefix>~|\+\+|\+)?(?P<key>[\w.\-/@]+)")
@@ -185,6 +185,7 @@ def hydra_runner(
                 logging.basicConfig(level=logging.INFO, format="[%(asctime)s %(levelname)s %(name)s] %(message)s")
             group = CallbackGroup.get_instance()
             group.on_app_start()
+            forget_new_run_folder()
             try:
                 return task(cfg)
             except USER_ERRORS as error:
