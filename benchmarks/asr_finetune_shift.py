@@ -20,8 +20,8 @@ from pathlib import Path
 import soundfile as sf
 import torch
 
-from speechtrain.asr.metrics import word_error_rate
 from speechtrain.asr.transcribe import transcribe_paths
+from speechtrain.common.metrics import word_error_rate
 from speechtrain.core.model import SpeechModel
 from speechtrain.data.augment import change_speed
 from speechtrain.data.manifest import read_nemo_manifest
@@ -53,11 +53,11 @@ def wer(model_path: Path, manifest: str) -> float:
     return word_error_rate([r["pred_text"] or "" for r in rows], [r["text"] for r in rows])
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", required=True, type=Path)
     parser.add_argument("--minutes", type=float, default=5.0)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         fast_dev, fast_test = fast_split("dev", tmp), fast_split("test", tmp)

@@ -68,13 +68,13 @@ def transcription_rtfx(size: str, count: int = 300) -> float:
     return sum(r["duration"] for r in rows) / wall
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", nargs="+", default=["debug", "demo", "small"])
     parser.add_argument("--devices", nargs="+", type=int, default=[1, 2])
     parser.add_argument("--precisions", nargs="+", default=["32"])
     parser.add_argument("--steps", type=int, default=30)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     print("| model | processes | precision | training audio-s/s | transcription RTFx (1 process) |")
     print("|---|---|---|---|---|")
     for size in args.sizes:

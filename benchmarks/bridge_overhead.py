@@ -91,12 +91,12 @@ def lightning_run(steps: int, strategy: object) -> list[float]:
     return timer.times
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--rounds", type=int, default=3, help="variants run in turn this many times (paired)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     torch.set_flush_denormal(True)
     variants = {
         "plain PyTorch loop": lambda: plain_loop(args.steps),

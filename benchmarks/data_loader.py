@@ -14,7 +14,7 @@ import math
 import random
 import time
 
-from speechtrain.asr.tokenizers import CharTokenizer
+from speechtrain.common.tokenizers import CharTokenizer
 from speechtrain.data.cut_datasets import AsrCutDataset
 from speechtrain.data.lhotse_loader import (
     LoaderConfig,
@@ -61,11 +61,11 @@ def throughput(manifest: str, texts: list[str], workers: int, batch_duration: fl
     return audio / (time.perf_counter() - start)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--hours", type=float, default=1.0, help="size of the eSpeak corpus used")
     parser.add_argument("--batch-duration", type=float, default=120.0)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     corpus = build_corpus(hours=args.hours, seed=0)
     manifest = corpus["splits"]["train"]["manifest"]
     espeak = read_cuts(LoaderConfig(manifest_filepath=manifest))

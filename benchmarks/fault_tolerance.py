@@ -17,10 +17,10 @@ from bridge_overhead import _model
 from speechtrain.lightning.fault_tolerance import NonFiniteGuard, _any_rank
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=200)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     torch.set_flush_denormal(True)
     model = _model()
     model.configure_model()

@@ -27,10 +27,10 @@ def _time(code: str, runs: int) -> float:
     return statistics.median(samples)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=7)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     baseline = _time("pass", args.runs)
     times = {name: _time(code, args.runs) for name, code in CASES.items()}
     print(f"| import (median of {args.runs}, interpreter start {baseline:.3f} s subtracted) | seconds |")

@@ -20,14 +20,14 @@ from speechtrain.speechlm.backbone import ensure_parallel_state
 from speechtrain.speechlm.generate import _manifest_cuts, answer_cuts, score
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", required=True)
     parser.add_argument("--manifest", default="builtin:espeak/test")
     parser.add_argument("--utterances", type=int, default=None)
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--no-cache-utterances", type=int, default=48)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     ensure_parallel_state()
     torch.set_num_threads(max(1, torch.get_num_threads()))
     model = SpeechModel.restore_from(args.model).eval()

@@ -10,11 +10,11 @@ import time
 from speechtrain.data.speech_corpus import build_corpus
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--utterances", type=int, default=10_000)
     parser.add_argument("--workers", type=int, default=2)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as folder:
         start = time.perf_counter()
         record = build_corpus(folder, seed=0, workers=args.workers, utterances=args.utterances)

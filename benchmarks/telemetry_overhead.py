@@ -91,11 +91,11 @@ def run(manifest: Path, out: Path, steps: int, telemetry: bool) -> tuple[list[fl
     return clock.times[5:], run_dir
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--rounds", type=int, default=6)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     torch.set_flush_denormal(True)
     torch.manual_seed(0)
     hook_times = _timed_hooks()

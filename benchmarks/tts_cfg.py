@@ -21,7 +21,7 @@ from speechtrain.tts.codec import manifest_rows
 from speechtrain.tts.synthesize import intelligibility
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--asr", required=True, help="ASR archive that judges the speech")
     parser.add_argument("--teacher", required=True, help="TTS archive (guided)")
@@ -31,7 +31,7 @@ def main() -> None:
     parser.add_argument("--scales", type=float, nargs="+", default=[1.0, 2.5], help="teacher guidance scales")
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--threads", type=int, default=None)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     asr = SpeechModel.restore_from(args.asr).eval()

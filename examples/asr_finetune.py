@@ -1,4 +1,5 @@
-"""Fine-tune a trained speech recogniser from its archive (see conf/asr_finetune.yaml).
+"""Fine-tune a trained speech recogniser from its archive, or from a checkpoint of its run (see
+conf/asr_finetune.yaml).
 
 python examples/asr_finetune.py init_from.path=asr_demo.stm model.train_ds.manifest_filepath=new/train.json \
     model.validation_ds.manifest_filepath=new/dev.json model.optim.lr=5e-4
@@ -13,9 +14,9 @@ from typing import Any
 import lightning.pytorch as pl
 from omegaconf import OmegaConf
 
-from speechtrain.asr.ctc import ensure_lm, ensure_tokenizer, fit_and_report
+from speechtrain.asr.ctc import ensure_lm, ensure_tokenizer, fit_and_report, restore_for_finetuning
 from speechtrain.asr.transducer import ConformerTransducerConfig
-from speechtrain.core.config import to_plain
+from speechtrain.common.config import to_plain
 from speechtrain.core.exp_manager import exp_manager
 from speechtrain.core.hydra_runner import hydra_runner
 from speechtrain.core.job import train_job_schema
@@ -67,7 +68,7 @@ FINETUNE_SCHEMA = train_job_schema(dict[str, Any], "asr_finetune", model_overrid
 def main(cfg):
     start = time.perf_counter()
     pl.seed_everything(cfg.seed, verbose=False)
-    base = SpeechModel.restore_from(cfg.init_from.path)  # kept alive: its extracted artifacts back the new model
+    base = restore_for_finetuning(cfg.init_from.path)  # kept alive: its extracted artifacts back the new model
     model = finetune_model(base, OmegaConf.to_container(cfg.model), cfg.init_from.include, cfg.init_from.exclude,
                            defer=True)  # fmt: skip
     trainer = Trainer(**OmegaConf.to_container(cfg.trainer, resolve=True))

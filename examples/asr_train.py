@@ -5,7 +5,7 @@ python examples/asr_train.py                                   # built-in eSpeak
 python examples/asr_train.py --config-name asr_train_tdt       # the same with a TDT transducer (also _rnnt, _hybrid)
 python examples/asr_train.py trainer.devices=2                 # two data-parallel processes
 python examples/asr_train.py trainer.strategy.tensor_model_parallel_size=2 trainer.devices=2
-python examples/asr_train.py model.size=small model.encoder.subsampling=dw_striding model.encoder.subsampling_factor=8
+python examples/asr_train.py --config-name fastconformer_ctc_large model.train_ds.manifest_filepath=train.json  # GPUs
 python examples/asr_train.py exp_manager.resume_if_exists=true # continue the latest run
 """
 
@@ -31,10 +31,10 @@ SCHEMA = train_job_schema(asr_config_class(sys.argv[1:], Path(__file__).parent /
 def main(cfg):
     start = time.perf_counter()
     pl.seed_everything(cfg.seed, verbose=False)
-    trainer = Trainer(**OmegaConf.to_container(cfg.trainer, resolve=True))
-    log_dir = exp_manager(trainer, cfg.exp_manager, name=cfg.name, job_config=cfg)
     ensure_tokenizer(cfg.model.tokenizer, cfg.model.train_ds.manifest_filepath)
     ensure_lm(cfg.model.decoding, cfg.model.train_ds.manifest_filepath)
+    trainer = Trainer(**OmegaConf.to_container(cfg.trainer, resolve=True))
+    log_dir = exp_manager(trainer, cfg.exp_manager, name=cfg.name, job_config=cfg)
     model = asr_model_class(cfg.model)(cfg.model)
     if cfg.init_from.path:
         model.init_from_pretrained(cfg.init_from.path, cfg.init_from.include, cfg.init_from.exclude)

@@ -17,7 +17,7 @@ from pathlib import Path
 import lightning.pytorch as pl
 from omegaconf import OmegaConf
 
-from speechtrain.core.exp_manager import exp_manager
+from speechtrain.core.exp_manager import exp_manager, print_final
 from speechtrain.core.hydra_runner import hydra_runner
 from speechtrain.core.job import train_job_schema
 from speechtrain.lightning import Trainer, teardown
@@ -83,8 +83,8 @@ def main(cfg):
     export_hf(model.llm, llm_cfg, hf_dir, tokenizer_dir=Path(model.cfg.tokenizer).parent)  # every rank takes part
     if trainer.is_global_zero:
         val = results[0].get("val_loss") if results else None
-        print(
-            f"\nFinal: val_loss={float(val):.4f} | {time.perf_counter() - start:.0f} s wall | HF checkpoint {hf_dir}"
+        print_final(
+            f"Final: val_loss={float(val):.4f} | {time.perf_counter() - start:.0f} s wall | HF checkpoint {hf_dir}"
         )
     teardown(trainer, model)
     return model

@@ -19,7 +19,7 @@ from pathlib import Path
 import lightning.pytorch as pl
 from omegaconf import OmegaConf
 
-from speechtrain.core.exp_manager import exp_manager
+from speechtrain.core.exp_manager import exp_manager, print_final
 from speechtrain.core.hydra_runner import hydra_runner
 from speechtrain.core.job import train_job_schema
 from speechtrain.lightning import Trainer, parallel_state, teardown
@@ -61,7 +61,7 @@ def main(cfg):
     if cfg.eval_manifest and (trainer.is_global_zero or parallel_state.tensor_parallel_world_size() > 1):
         report = evaluate(model.eval(), cfg.eval_manifest, cfg.eval_utterances)
         if trainer.is_global_zero:
-            print("\nFinal: " + json.dumps({"eval_manifest": cfg.eval_manifest, **report}))
+            print_final("Final: " + json.dumps({"eval_manifest": cfg.eval_manifest, **report}))
     print(f"{time.perf_counter() - start:.0f} s wall ({trained:.0f} s to the end of training) | run folder {log_dir}")
     teardown(trainer, model)
     return model

@@ -19,8 +19,8 @@ from typing import Any
 import lightning.pytorch as pl
 from omegaconf import OmegaConf
 
-from speechtrain.core.config import to_plain
-from speechtrain.core.exp_manager import exp_manager
+from speechtrain.common.config import to_plain
+from speechtrain.core.exp_manager import exp_manager, print_final
 from speechtrain.core.hydra_runner import hydra_runner
 from speechtrain.core.job import train_job_schema
 from speechtrain.core.model import SpeechModel
@@ -79,7 +79,7 @@ def main(cfg):
         report = {"teacher": report_intelligibility(teacher, asr, cfg.eval_manifest, cfg.eval_utterances)}
         sentences = [row["text"] for row in manifest_rows(cfg.eval_manifest, cfg.eval_utterances)]
         _, report["student_no_cfg"] = intelligibility(student, sentences, asr, guidance_scale=1.0)
-        print("\nFinal: " + json.dumps(report, default=float))
+        print_final("Final: " + json.dumps(report, default=float))
     print(f"{time.perf_counter() - start:.0f} s wall | run folder {log_dir}")
     teardown(trainer, student)
     return student

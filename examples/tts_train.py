@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import lightning.pytorch as pl
 from omegaconf import OmegaConf
 
-from speechtrain.core.exp_manager import exp_manager
+from speechtrain.core.exp_manager import exp_manager, print_final
 from speechtrain.core.hydra_runner import hydra_runner
 from speechtrain.core.job import train_job_schema
 from speechtrain.core.model import SpeechModel
@@ -63,7 +63,7 @@ def main(cfg):
     if trainer.is_global_zero and cfg.asr_model:
         asr = SpeechModel.restore_from(cfg.asr_model).eval()
         report = report_intelligibility(model, asr, cfg.eval_manifest, cfg.eval_utterances)
-        print("\nFinal: " + json.dumps(report))
+        print_final("Final: " + json.dumps(report))
     print(f"{time.perf_counter() - start:.0f} s wall | run folder {log_dir}")
     teardown(trainer, model)
     return model

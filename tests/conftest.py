@@ -64,7 +64,7 @@ def example_main():
 
 def example_overrides(tmp_path, manifest):
     """Command-line overrides that shrink the example to a tiny Conformer on the DTMF corpus, run in ``tmp_path``."""
-    from speechtrain.asr.tokenizers import CharTokenizer
+    from speechtrain.common.tokenizers import CharTokenizer
 
     tmp_path.mkdir(parents=True, exist_ok=True)
     tokenizer = tmp_path / "digits.json"

@@ -18,14 +18,13 @@ them, and the ``batch_norm`` option of the convolution module takes its statisti
 mode, it uses running statistics, so batched and per-utterance outputs agree exactly).
 """
 
-import contextlib
 import math
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
+from speechtrain.nn.init import seeded
 from speechtrain.nn.parallel import ColumnParallelLinear, RowParallelLinear
 from speechtrain.nn.transformer import FeedForward, MultiHeadAttention
 
@@ -65,14 +64,6 @@ class ConformerConfig:
     dropout_att: float = 0.1
     xscaling: bool = False
     untie_biases: bool = True
-
-
-@contextlib.contextmanager
-def seeded(seed: int) -> Iterator[None]:
-    """Draw initial weights from a fresh CPU stream seeded with ``seed``, leaving the global stream untouched."""
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        yield
 
 
 def frame_mask(lengths: torch.Tensor, frames: int) -> torch.Tensor:

@@ -7,10 +7,9 @@ and the Megatron bridge's step contract. Subclasses build the encoder in :meth:`
 :class:`ConformerCTCModel` is the Conformer / FastConformer recogniser.
 """
 
-import dataclasses
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -25,22 +24,30 @@ from speechtrain.asr.conformer import (
     ConformerConfig,
     ConformerEncoder,
     conformer_forward_flops,
-    seeded,
     subsampled_lengths,
 )
 from speechtrain.asr.decoding import STRATEGIES, BeamSearchDecoder, DecodingConfig, greedy_decode
 from speechtrain.asr.features import PreprocessorConfig, build_preprocessor
-from speechtrain.asr.metrics import edit_distance
 from speechtrain.asr.spec_augment import SpecAugment, SpecAugmentConfig
-from speechtrain.asr.tokenizers import CharTokenizer, load_tokenizer
+from speechtrain.common.batch import NoUsableDataError, is_empty_batch, no_usable_data_message
+from speechtrain.common.config import ConfigError
+from speechtrain.common.metrics import edit_distance, error_rate, format_rate
+from speechtrain.common.tokenizers import CharTokenizer, load_tokenizer
+from speechtrain.core.exp_manager import print_final
 from speechtrain.core.model import SpeechModel
 from speechtrain.core.optim import OptimConfig
 from speechtrain.data.audio_text import SkipTally
-from speechtrain.data.cut_datasets import AsrCutDataset, is_empty_batch
+from speechtrain.data.cut_datasets import AsrCutDataset
 from speechtrain.data.lhotse_loader import LoaderConfig, get_lhotse_dataloader_from_config, loader_config
+from speechtrain.data.usable import check_audio_exists
 from speechtrain.lightning import parallel_state
+from speechtrain.lightning.launch import build_on_rank_zero
+from speechtrain.nn.init import seeded
 
 logger = logging.getLogger(__name__)
+# Per validation set: loss sum, target tokens, word errors, words, char errors, chars, greedy word errors, greedy
+# char errors, utterances scored, utterances skipped.
+VAL_SUMS = 10
 
 
 @dataclass
@@ -68,21 +75,25 @@ def _training_texts(train_manifest: Any, what: str, *params: Any) -> tuple[list[
     import hashlib
 
     if not train_manifest:
-        raise ValueError(f"There is no train_ds.manifest_filepath to train {what} on.")
+        raise ValueError(f"model.train_ds.manifest_filepath is not set: there is no training text to fit {what} on.")
     manifests = [train_manifest] if isinstance(train_manifest, str) else list(train_manifest)
     paths = [Path(resolve_manifest(m)).resolve() for m in manifests]
+    for name, path in zip(manifests, paths):
+        if not path.is_file():
+            raise FileNotFoundError(f"model.train_ds.manifest_filepath={name}: no such file ({path}).")
     key = hashlib.sha256(repr([(str(p), p.stat().st_size, *params) for p in paths]).encode()).hexdigest()[:12]
     return paths, key
 
 
 def ensure_tokenizer(tokenizer_cfg: Any, train_manifest: Any) -> None:
     """Fill in ``tokenizer_cfg.path`` with a sentencepiece model trained on ``train_manifest``'s transcripts when the
-    config names no tokenizer. Trained once per (manifest, type, size), under the datasets cache; ranks that
-    start together may each train it, with the same result (the file is replaced atomically)."""
+    config names no tokenizer. Trained once per (manifest, type, size), under the datasets cache, by global rank 0
+    while the other ranks of the launch wait for the file
+    (:func:`~speechtrain.lightning.launch.build_on_rank_zero`)."""
     import os
     import tempfile
 
-    from speechtrain.asr.tokenizers import train_sentencepiece
+    from speechtrain.common.tokenizers import train_sentencepiece
     from speechtrain.data.manifest import read_nemo_manifest
     from speechtrain.lightning import settings
 
@@ -93,7 +104,8 @@ def ensure_tokenizer(tokenizer_cfg: Any, train_manifest: Any) -> None:
         settings.SPEECHTRAIN_DATASETS_CACHE / "tokenizers" / f"{tokenizer_cfg.type}{tokenizer_cfg.vocab_size}-{key}"
     )
     model = folder / "tokenizer.model"
-    if not model.is_file():
+
+    def build() -> None:
         texts = [r["text"] for p in paths for r in read_nemo_manifest(p)]
         folder.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=folder) as tmp:
@@ -102,14 +114,16 @@ def ensure_tokenizer(tokenizer_cfg: Any, train_manifest: Any) -> None:
                 os.replace(Path(tmp) / name, folder / name)
         logger.info("Trained a %s tokenizer of %d pieces on %s: %s", tokenizer_cfg.type, tokenizer_cfg.vocab_size,
                     ", ".join(map(str, paths)), model)  # fmt: skip
+
+    build_on_rank_zero(model, build, "the tokenizer")
     tokenizer_cfg.path = str(model)
 
 
 def ensure_lm(decoding_cfg: Any, train_manifest: Any) -> None:
     """Fill in ``decoding_cfg.lm_path`` with a word n-gram LM (:mod:`speechtrain.asr.ngram`) of order
     ``lm_order`` fitted on ``train_manifest``'s transcripts, when the config asks for beam search and names no LM.
-    Fitted once per (manifest, order), under the datasets cache (seconds for the built-in corpus); ranks that
-    start together may each fit it, with the same result (the file is replaced atomically)."""
+    Fitted once per (manifest, order), under the datasets cache (seconds for the built-in corpus), by global rank 0
+    while the other ranks wait for the file."""
     import os
     import tempfile
 
@@ -122,7 +136,8 @@ def ensure_lm(decoding_cfg: Any, train_manifest: Any) -> None:
     paths, key = _training_texts(train_manifest, "an n-gram LM", decoding_cfg.lm_order)
     folder = settings.SPEECHTRAIN_DATASETS_CACHE / "lms" / f"{decoding_cfg.lm_order}gram-{key}"
     lm_path = folder / "lm.arpa"
-    if not lm_path.is_file():
+
+    def build() -> None:
         start = time.perf_counter()
         lm = NgramLM.fit((r["text"] for p in paths for r in read_nemo_manifest(p)), order=decoding_cfg.lm_order)
         folder.mkdir(parents=True, exist_ok=True)
@@ -132,6 +147,8 @@ def ensure_lm(decoding_cfg: Any, train_manifest: Any) -> None:
         seconds = time.perf_counter() - start
         logger.info("Fitted a %d-gram word LM (%d words) on %s in %.1f s: %s", decoding_cfg.lm_order,
                     len(lm.probs[0]) - 3, ", ".join(map(str, paths)), seconds, lm_path)  # fmt: skip
+
+    build_on_rank_zero(lm_path, build, "the n-gram LM")
     decoding_cfg.lm_path = str(lm_path)
 
 
@@ -145,8 +162,41 @@ def fit_and_report(trainer: Any, model: "CTCModel", log_dir: Any, start: float) 
     results = trainer.validate(model, verbose=False) if model.val_dataloader() else []
     if trainer.is_global_zero:
         metrics = {k: v for r in results for k, v in r.items()}
-        shown = ", ".join(f"{k}={100 * float(v):.2f}%" for k, v in sorted(metrics.items()) if "wer" in k or "cer" in k)
-        print(f"\nFinal: {shown} | {time.perf_counter() - start:.0f} s wall | run folder {log_dir}")
+        shown = ", ".join(
+            f"{k}={format_rate(float(v))}" for k, v in sorted(metrics.items()) if "wer" in k or "cer" in k
+        )
+        line = f"Final: {shown} | {time.perf_counter() - start:.0f} s wall | run folder {log_dir}"
+        print_final(line)
+
+
+def restore_for_finetuning(path: str | Path) -> SpeechModel:
+    """The pretrained model a fine-tuning job starts from: a model archive (``.stm``), or a Lightning checkpoint
+    (``.ckpt``) of a training run, whose model config is read from the run folder's ``config.yaml``.
+
+    Raises:
+        FileNotFoundError: a checkpoint outside a run folder (no ``config.yaml`` two folders up).
+    """
+    path = Path(path)
+    if path.suffix != ".ckpt":
+        return SpeechModel.restore_from(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"init_from.path={path}: no such checkpoint.")
+    config = path.resolve().parent.parent / "config.yaml"
+    if not config.is_file():
+        raise FileNotFoundError(
+            f"init_from.path={path} is a Lightning checkpoint; its model config comes from the run folder's "
+            f"config.yaml, which is not at {config}. Pass the run's model archive (<run folder>/<name>.stm) instead."
+        )
+    job = OmegaConf.load(config)
+    ensure_tokenizer(job.model.tokenizer, job.model.train_ds.manifest_filepath)
+    ensure_lm(job.model.decoding, job.model.train_ds.manifest_filepath)
+    from speechtrain.asr.transducer import asr_model_class  # (transducer.py builds on this module)
+
+    model = asr_model_class(job.model)(job.model)
+    report = model.init_from_pretrained(path)
+    if report.missing or report.mismatched:
+        raise ValueError(f"init_from.path={path} does not hold the weights of the model in {config}: {report}")
+    return model
 
 
 def validation_set_name(manifest: str) -> str:
@@ -262,7 +312,7 @@ class CTCModel(SpeechModel):
         if strategy == "greedy":
             return self.greedy_decode(log_probs, lengths)
         if self._beam is None:
-            keys = {f.name for f in dataclasses.fields(DecodingConfig)}  # a subclass's config may hold more
+            keys = {f.name for f in fields(DecodingConfig)}  # a subclass's config may hold more
             decoding = DecodingConfig(
                 **{k: v for k, v in OmegaConf.to_container(self.cfg.decoding).items() if k in keys}
             )
@@ -307,6 +357,7 @@ class CTCModel(SpeechModel):
     # ---------------------------------------------------------------------------------------------- validation
     def on_validation_epoch_start(self) -> None:
         self._val_sums = {}
+        self._val_skips = {}
         # Validation inside fit decodes greedily (fast, comparable across runs); trainer.validate uses
         # cfg.decoding and, for beam search, also reports the greedy WER.
         trainer = self._trainer
@@ -314,7 +365,10 @@ class CTCModel(SpeechModel):
         self._val_strategy = "greedy" if fitting else self.cfg.decoding.strategy
 
     def validation_step(self, batch: dict[str, Any] | None, batch_idx: int, dataloader_idx: int = 0) -> None:
+        self._val_skips.setdefault(dataloader_idx, SkipTally()).add_batch(batch)
+        skipped = sum((batch or {}).get("skipped", {}).values())
         if is_empty_batch(batch):
+            self._add_val_sums(dataloader_idx, torch.zeros(VAL_SUMS, dtype=torch.float64), skipped)
             return
         log_probs, lengths = self(batch["audio"], batch["audio_lens"])
         greedy = self.greedy_decode(log_probs, lengths)
@@ -330,50 +384,75 @@ class CTCModel(SpeechModel):
         sums = torch.tensor(
             [self.utterance_losses(log_probs, lengths, batch).sum().item(), batch["token_lens"].sum().item(), word_err,
              sum(len(r.split()) for r in refs), char_err, sum(len(r) for r in refs), greedy_word_err,
-             greedy_char_err],
+             greedy_char_err, len(refs), 0.0],
             dtype=torch.float64, device=log_probs.device,
         )  # fmt: skip
-        previous = self._val_sums.get(dataloader_idx)
-        self._val_sums[dataloader_idx] = sums if previous is None else previous + sums
+        self._add_val_sums(dataloader_idx, sums, skipped)
+
+    def _add_val_sums(self, index: int, sums: torch.Tensor, skipped: int) -> None:
+        sums[VAL_SUMS - 1] = skipped
+        previous = self._val_sums.get(index)
+        self._val_sums[index] = sums if previous is None else previous + sums
 
     def on_validation_epoch_end(self) -> None:
         names = self._val_names or ["val"]
         for index, name in enumerate(names):
-            sums = self._val_sums.get(index, torch.zeros(8, dtype=torch.float64, device=self.device))
+            sums = self._val_sums.get(index, torch.zeros(VAL_SUMS, dtype=torch.float64, device=self.device))
             if self.trainer.world_size > 1:
                 sums = self.trainer.strategy.reduce(sums.to(self.device), reduce_op="sum").cpu()
-            loss_sum, tokens, word_err, words, char_err, chars, greedy_word_err, greedy_char_err = sums.tolist()
-            metrics = {"loss": loss_sum / max(tokens, 1.0), "wer": word_err / max(words, 1.0),
-                       "cer": char_err / max(chars, 1.0)}  # fmt: skip
+            (loss_sum, tokens, word_err, words, char_err, chars, greedy_word_err, greedy_char_err, utterances,
+             skipped) = sums.tolist()  # fmt: skip
+            if utterances == 0 and not self.trainer.sanity_checking:
+                self._stop_on_unusable_validation_set(index)
+            # A rate over nothing is NaN (shown as n/a), never 0%; the skipped utterances are reported beside it.
+            metrics = {"loss": loss_sum / tokens if tokens else float("nan"), "wer": error_rate(word_err, words),
+                       "cer": error_rate(char_err, chars), "skipped": skipped}  # fmt: skip
             if self._val_strategy != "greedy":
-                metrics["wer_greedy"] = greedy_word_err / max(words, 1.0)
-                metrics["cer_greedy"] = greedy_char_err / max(chars, 1.0)
+                metrics["wer_greedy"] = error_rate(greedy_word_err, words)
+                metrics["cer_greedy"] = error_rate(greedy_char_err, chars)
             # Already summed over data-parallel ranks; sync_dist only averages identical values.
             for key, value in metrics.items():
-                if index == 0:
+                if index == 0 and key != "skipped":
                     self.log(f"val_{key}", value, prog_bar=key in ("loss", "wer"), sync_dist=True,
                              add_dataloader_idx=False)  # fmt: skip
-                if len(names) > 1:
+                if len(names) > 1 or key == "skipped":
                     self.log(f"val_{key}_{name}", value, sync_dist=True, add_dataloader_idx=False)
+            if skipped:
+                tally = self._val_skips.get(index)
+                logger.warning("Validation set %s: %s (not in val_wer_%s; counted in val_skipped_%s)", name,
+                               tally.take_summary() if tally else f"skipped {skipped:.0f}", name, name)  # fmt: skip
+
+    def _stop_on_unusable_validation_set(self, index: int) -> None:
+        manifests = self.cfg.validation_ds.manifest_filepath
+        manifests = [manifests] if isinstance(manifests, str) else list(manifests)
+        tally = self._val_skips.get(index) or SkipTally()
+        raise NoUsableDataError(no_usable_data_message(
+            f"validation set {self._val_names[index] if self._val_names else 'val'}",
+            "model.validation_ds.manifest_filepath", str(manifests[index]), dict(tally.counts), dict(tally.examples),
+        ))  # fmt: skip
 
     # ------------------------------------------------------------------------------------------------ data
     def setup_data(self, stage: str) -> None:
         if stage == "fit":
-            self._train_loader = self._build_loader(self.cfg.train_ds, self.cfg.train_ds.manifest_filepath)
+            self._train_loader = self._build_loader(self.cfg.train_ds, self.cfg.train_ds.manifest_filepath, "train_ds")
         if stage in ("fit", "validate"):
             manifests = self.cfg.validation_ds.manifest_filepath
             manifests = [] if not manifests else [manifests] if isinstance(manifests, str) else list(manifests)
-            self._val_loaders = [self._build_loader(self.cfg.validation_ds, m) for m in manifests]
+            self._val_loaders = [self._build_loader(self.cfg.validation_ds, m, "validation_ds") for m in manifests]
             self._val_names = [validation_set_name(str(m)) for m in manifests]
 
-    def _build_loader(self, ds_cfg: Any, manifests: Any) -> DataLoader | None:
+    def _build_loader(self, ds_cfg: Any, manifests: Any, key: str) -> DataLoader | None:
         if not manifests:
             return None
         cfg = loader_config(OmegaConf.to_object(ds_cfg))
-        if isinstance(manifests, str):
-            cfg.manifest_filepath = resolve_manifest(manifests)
-        else:
-            cfg.manifest_filepath = [resolve_manifest(m) for m in manifests]
+        resolved = [resolve_manifest(m) for m in ([manifests] if isinstance(manifests, str) else manifests)]
+        for name, path in zip([manifests] if isinstance(manifests, str) else manifests, resolved):
+            if not Path(path).is_file():
+                raise FileNotFoundError(
+                    f"model.{key}.manifest_filepath={name}: no such file ({Path(path).resolve()})."
+                )
+            check_audio_exists(f"model.{key}.manifest_filepath", path, shown=str(name))
+        cfg.manifest_filepath = resolved[0] if isinstance(manifests, str) else resolved
         cfg.sample_rate = self.cfg.sample_rate
         return get_lhotse_dataloader_from_config(
             cfg,
@@ -468,7 +547,8 @@ MODEL_SIZES: dict[str, dict[str, Any]] = {
 
 @dataclass
 class ConformerCTCConfig:
-    """Config of :class:`ConformerCTCModel` (``size`` fills in the encoder shape; explicit encoder keys win)."""
+    """Config of :class:`ConformerCTCModel` (``size`` fills in the encoder shape; every encoder key given in the YAML
+    or on the command line wins over the size, whatever its value)."""
 
     sample_rate: int = 16000
     size: str | None = None
@@ -484,30 +564,22 @@ class ConformerCTCConfig:
     )
     optim: OptimConfig = field(default_factory=OptimConfig)
 
-
-def sized_config(config: dict[str, Any]) -> dict[str, Any]:
-    """``config`` with ``size``'s encoder shape filled in. An encoder key wins over the size only when it differs
-    from the encoder's default (a validated config holds every key, so a default value cannot be told apart from
-    one that was not given)."""
-    size = config.get("size")
-    if not size:
-        return config
-    if size not in MODEL_SIZES:
-        raise ValueError(f"Unknown model size {size!r}; choose one of {', '.join(MODEL_SIZES)}.")
-    defaults = dataclasses.asdict(ConformerConfig())
-    given = {k: v for k, v in dict(config.get("encoder") or {}).items() if k not in defaults or v != defaults[k]}
-    return {**config, "encoder": {**defaults, **MODEL_SIZES[size], **given}}
+    @staticmethod
+    def expand_given(config: dict[str, Any]) -> dict[str, Any]:
+        """Called by :func:`~speechtrain.common.config.validate_config` on the keys given, before defaults are
+        filled in: ``size``'s encoder shape under the encoder keys that were given."""
+        size = config.get("size")
+        if not size:
+            return config
+        if size not in MODEL_SIZES:
+            raise ConfigError(f"Unknown model.size={size!r}; choose one of {', '.join(MODEL_SIZES)}.")
+        return {**config, "encoder": {**MODEL_SIZES[size], **dict(config.get("encoder") or {})}}
 
 
 class ConformerCTCModel(CTCModel):
     """Conformer (``striding``, 4x) or FastConformer (``dw_striding``, 8x) encoder with a CTC head."""
 
     Config = ConformerCTCConfig
-
-    def __init__(self, cfg: Any) -> None:
-        if not isinstance(cfg, ConformerCTCConfig):
-            cfg = sized_config(OmegaConf.to_container(cfg) if OmegaConf.is_config(cfg) else dict(cfg))
-        super().__init__(cfg)
 
     def save_to(self, path: str | Path) -> Path:
         """Write the model archive (``.stm``), or, for a ``.nemo`` path, NeMo's ``EncDecCTCModelBPE`` checkpoint

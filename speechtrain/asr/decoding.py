@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from speechtrain.asr.ngram import BOS, EOS, UNK
-from speechtrain.asr.tokenizers import CharTokenizer, SentencePieceTokenizer
+from speechtrain.common.tokenizers import CharTokenizer, SentencePieceTokenizer
 
 STRATEGIES = ("greedy", "beam")
 BLANK_TOKEN = "<blank>"

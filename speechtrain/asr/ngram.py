@@ -25,9 +25,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from omegaconf import OmegaConf
-
-from speechtrain.core.config import ConfigError, validate_config
+from speechtrain.common.cli import fail, parse_key_values
+from speechtrain.common.config import ConfigError
 
 BOS, EOS, UNK = "<s>", "</s>", "<unk>"
 
@@ -215,15 +214,14 @@ class NgramConfig:
 
 def main(argv: Sequence[str] | None = None) -> None:
     """Command-line entry point (see the module docstring)."""
-    args = list(sys.argv[1:] if argv is None else argv)
+    cfg = parse_key_values(sys.argv[1:] if argv is None else argv, NgramConfig, __doc__)
     try:
-        cfg = OmegaConf.to_object(validate_config(OmegaConf.from_dotlist(args), NgramConfig))
         if not cfg.manifest or not cfg.output:
             raise ConfigError("Give manifest=... and output=...")
         texts = manifest_texts([p for p in cfg.manifest.split(",") if p])
         lm = NgramLM.fit(texts, order=cfg.order)
     except (ConfigError, ValueError, FileNotFoundError) as e:
-        sys.exit(f"error: {e}")
+        fail(str(e))
     lm.write_arpa(cfg.output)
     sizes = ", ".join(f"{len(p)} {n + 1}-grams" for n, p in enumerate(lm.probs))
     print(f"Wrote a {cfg.order}-gram LM ({sizes}) from {len(texts)} sentences to {cfg.output}")

@@ -3,7 +3,7 @@
     python -m speechtrain.asr.tokenizer --manifest train.json [more.json builtin:dtmf/train] \\
         --vocab-size 128 --type bpe --out tokenizers/bpe128
 
-Writes ``tokenizer.model`` (read it with :func:`speechtrain.asr.tokenizers.load_tokenizer`) and ``tokenizer.vocab``
+Writes ``tokenizer.model`` (read it with :func:`speechtrain.common.tokenizers.load_tokenizer`) and ``tokenizer.vocab``
 to ``--out``, prints the model's path, then a summary: tokens per utterance and per second of audio (from the
 manifests' durations), and for 4x and 8x subsampling of the log-mel frames, how many utterances have more tokens
 than a CTC model has output frames. Such utterances cannot be aligned (a repeated token needs a blank between its
@@ -16,7 +16,8 @@ import sys
 from collections.abc import Sequence
 
 from speechtrain.asr.features import PreprocessorConfig
-from speechtrain.asr.tokenizers import SentencePieceTokenizer, train_sentencepiece
+from speechtrain.common.cli import fail
+from speechtrain.common.tokenizers import SentencePieceTokenizer, train_sentencepiece
 from speechtrain.data.manifest import read_nemo_manifest
 from speechtrain.data.synthetic import resolve_manifest
 
@@ -103,7 +104,7 @@ def main(argv: list[str] | None = None) -> None:
             texts, args.out, args.vocab_size, args.type, character_coverage=args.character_coverage
         )
     except (FileNotFoundError, ValueError) as e:
-        raise SystemExit(f"error: {e}") from None
+        fail(str(e), "python -m speechtrain.asr.tokenizer")
     print(path)
     for line in summarize(SentencePieceTokenizer(path), texts, durations):
         print(line, file=sys.stderr if line.startswith("warning:") else sys.stdout)

@@ -30,11 +30,11 @@ from typing import Any
 import numpy as np
 import soundfile as sf
 import torch
-from omegaconf import OmegaConf
 
-from speechtrain.asr import metrics
 from speechtrain.asr.decoding import STRATEGIES
-from speechtrain.core.config import ConfigError, validate_config
+from speechtrain.common import metrics
+from speechtrain.common.cli import fail, parse_key_values
+from speechtrain.common.config import ConfigError
 from speechtrain.core.model import SpeechModel
 from speechtrain.data.augment import resample
 from speechtrain.data.manifest import ManifestError
@@ -294,12 +294,17 @@ def summarize(rows: Sequence[Mapping[str, Any]], seconds: float) -> list[str]:
         f"RTFx {rtfx:.1f}"
     ]
     scored = [r for r in done if isinstance(r.get("text"), str)]
-    if scored:
+    unscored = sum(1 for r in rows if r.get("pred_text") is None and isinstance(r.get("text"), str))
+    if scored or unscored:
         hyps, refs = [r["pred_text"] for r in scored], [r["text"] for r in scored]
         errors, words = metrics.word_errors(hyps, refs)
-        line = f"WER {100.0 * errors / max(words, 1):.2f}% ({errors} errors / {words} words, {len(scored)} utterances)"
+        rate = metrics.format_rate(metrics.error_rate(errors, words))
+        line = f"WER {rate} ({errors} errors / {words} words, {len(scored)} utterances"
+        line += f"; {unscored} skipped, see 'error')" if unscored else ")"
         errors, chars = metrics.char_errors(hyps, refs)
-        line += f", CER {100.0 * errors / max(chars, 1):.2f}% ({errors} errors / {chars} characters)"
+        line += (
+            f", CER {metrics.format_rate(metrics.error_rate(errors, chars))} ({errors} errors / {chars} characters)"
+        )
         lines.append(line)
     failed = [r for r in rows if r.get("error")]
     if failed:
@@ -314,14 +319,12 @@ def parse_args(argv: Sequence[str]) -> TranscribeConfig:
     """``key=value`` arguments as a checked :class:`TranscribeConfig`.
 
     Raises:
-        ConfigError: on an argument that is not ``key=value``, an unknown key (with the closest known key), a
-            value of the wrong type or choice, or a missing ``model_path`` / ``audio``; ValueError on a batch
+        SystemExit: status 0 after ``--help``; status 2 on an argument that is not ``key=value``, an unknown key
+            (with the closest known key) or a value of the wrong type.
+        ConfigError: a value of the wrong choice, or a missing ``model_path`` / ``audio``; ValueError on a batch
             limit out of range.
     """
-    bad = [a for a in argv if "=" not in a or a.startswith("=")]
-    if bad:
-        raise ConfigError(f"Arguments must be key=value (e.g. audio=test.json), got: {' '.join(bad)}")
-    cfg = OmegaConf.to_object(validate_config(OmegaConf.from_dotlist(list(argv)), TranscribeConfig))
+    cfg = parse_key_values(argv, TranscribeConfig, __doc__)
     missing = [k for k in ("model_path", "audio") if not getattr(cfg, k)]
     if missing:
         raise ConfigError(f"Missing {' and '.join(f'{k}=...' for k in missing)}.")
@@ -350,14 +353,17 @@ def main(argv: Sequence[str] | None = None) -> None:
             raise FileNotFoundError(f"model_path={cfg.model_path}: no such file.")
         rows = collect_inputs(cfg.audio)
     except (ConfigError, ValueError, FileNotFoundError) as e:
-        sys.exit(f"error: {e}")
+        fail(str(e))
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     device = ("cuda" if torch.cuda.is_available() else "cpu") if cfg.device == "auto" else cfg.device
     decoding = cfg.decoding_overrides()
     override = {"decoding": decoding} if decoding else None
-    model = SpeechModel.restore_from(cfg.model_path, map_location=device, override_config=override).eval()
+    try:
+        model = SpeechModel.restore_from(cfg.model_path, map_location=device, override_config=override).eval()
+    except (ValueError, FileNotFoundError) as e:  # not an archive (e.g. a training checkpoint), or a damaged one
+        fail(str(e))
     if not callable(getattr(model, "transcribe", None)):
-        sys.exit(f"error: {type(model).__name__} (from {cfg.model_path}) has no transcribe method.")
+        fail(f"{type(model).__name__} (from {cfg.model_path}) has no transcribe method.")
 
     start = time.perf_counter()
     rows = transcribe_paths(model, rows, cfg.batch_duration, cfg.batch_size, cfg.precision)

@@ -160,6 +160,15 @@ def _safe_member_name(archive: Path, name: str) -> str:
 
 def _read_members(path: Path) -> dict[str, bytes]:
     members: dict[str, bytes] = {}
+    with open(path, "rb") as head:
+        is_zip = head.read(4) == b"PK\x03\x04"
+    if is_zip:  # torch.save's format: a Lightning .ckpt, or a bare state dict
+        raise ArchiveError(
+            f"{path} is a PyTorch/Lightning checkpoint (a zip), not a speechtrain model archive (.stm, a tar). Pass "
+            "the run's archive <run folder>/<name>.stm (written when training ends), or fine-tune from the "
+            "checkpoint: examples/asr_finetune.py init_from.path=<the .ckpt> reads the model config from its run "
+            "folder (a training script's init_from.path also takes a .ckpt: its weights over the YAML's model)."
+        )
     try:
         with tarfile.open(path, mode="r:") as tar:
             for info in tar:

@@ -16,6 +16,7 @@ import csv
 import datetime
 import logging
 import os
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,9 +28,10 @@ from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 from lightning.pytorch.loggers.logger import rank_zero_experiment
 from omegaconf import DictConfig, OmegaConf
 
-from speechtrain.core.config import validate_config
+from speechtrain.common.config import validate_config
 from speechtrain.lightning import CallbackGroup, TelemetryCallback
 from speechtrain.lightning.fault_tolerance import PreemptionCallback
+from speechtrain.lightning.launch import is_global_rank_zero, job_version, shared_name
 
 logger = logging.getLogger(__name__)
 
@@ -172,10 +174,6 @@ class ResumableCSVLogger(CSVLogger):
         return self._experiment
 
 
-def _is_launcher_rank() -> bool:
-    return os.environ.get("LOCAL_RANK", "0") == "0" and os.environ.get("NODE_RANK", "0") == "0"
-
-
 def _new_version(run_root: Path) -> str:
     """A timestamp folder name not yet used under ``run_root``."""
     stamp = datetime.datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
@@ -231,15 +229,19 @@ def exp_manager(
         if resume_path is not None:
             version = resume_path.parent.parent.name
     if version is None:
-        if _is_launcher_rank():
-            version = _new_version(run_root)
-            # Ranks that Lightning launches later re-run the script; they must land in the same folder.
-            os.environ[VERSION_ENV] = version
-        else:
-            version = os.environ.get(VERSION_ENV) or _new_version(run_root)
+        # Ranks that Lightning launches later re-run the script and inherit VERSION_ENV; ranks that srun or
+        # torchrun start together derive the same name from the job.
+        inherited = None if is_global_rank_zero() else os.environ.get(VERSION_ENV)
+        version = inherited or job_version()
+        if version is None:
+            version = shared_name(run_root, lambda: _new_version(run_root))
+            if is_global_rank_zero():
+                os.environ[VERSION_ENV] = version
     log_dir = run_root / version
+    _remember_new_folder(log_dir)
     log_dir.mkdir(parents=True, exist_ok=True)
-    _attach_file_log(log_dir / "train.log")
+    if is_global_rank_zero():
+        _attach_file_log(log_dir / "train.log")
 
     loggers: list = []
     if cfg.create_tensorboard_logger:
@@ -279,6 +281,63 @@ def exp_manager(
         (log_dir / "config.yaml").write_text(OmegaConf.to_yaml(config))
     logger.info("Run folder: %s", log_dir)
     return log_dir
+
+
+_NEW_RUN_FOLDER: list[Path] = []  # the topmost folder this process created for its run folder, if any
+
+
+def _remember_new_folder(log_dir: Path) -> None:
+    _NEW_RUN_FOLDER.clear()
+    if log_dir.exists() or not is_global_rank_zero():
+        return
+    top = log_dir
+    while not top.parent.exists():
+        top = top.parent
+    _NEW_RUN_FOLDER.append(top)
+
+
+def forget_new_run_folder() -> None:
+    """Start of a job: a run folder an earlier job of this process created is never this job's to remove."""
+    _NEW_RUN_FOLDER.clear()
+
+
+def discard_new_run_folder() -> Path | None:
+    """Remove the run folder this process created (with the parents it created) when it holds no checkpoint and
+    no archive: a job stopped by a config or data error at start leaves nothing behind. Returns the removed
+    folder, or None (nothing created here, another rank, or a checkpoint exists)."""
+    if not _NEW_RUN_FOLDER or not _NEW_RUN_FOLDER[0].exists():
+        return None
+    top = _NEW_RUN_FOLDER[0]
+    if any(p.suffix in (".ckpt", ".stm") for p in top.rglob("*")):
+        return None
+    _detach_file_log()
+    shutil.rmtree(top, ignore_errors=True)
+    _NEW_RUN_FOLDER.clear()
+    return top
+
+
+def log_to_run_file(level: int, message: str) -> None:
+    """Write ``message`` to the run's ``train.log`` only (not the console), e.g. the error that ended a run or the
+    closing summary printed on stdout."""
+    target = logging.getLogger("speechtrain")
+    record = target.makeRecord(target.name, level, __file__, 0, message, (), None)
+    for handler in target.handlers:
+        if getattr(handler, "speechtrain_run_log", False):
+            handler.handle(record)
+
+
+def print_final(line: str) -> None:
+    """Print a run's closing ``Final: ...`` line on stdout and keep it in the run's ``train.log``."""
+    print(f"\n{line}", flush=True)
+    log_to_run_file(logging.INFO, line)
+
+
+def _detach_file_log() -> None:
+    for name in ("speechtrain", "lightning.pytorch"):
+        target = logging.getLogger(name)
+        for old in [h for h in target.handlers if getattr(h, "speechtrain_run_log", False)]:
+            target.removeHandler(old)
+            old.close()
 
 
 def _attach_file_log(path: Path) -> None:

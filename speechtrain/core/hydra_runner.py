@@ -8,28 +8,41 @@ takeover and working-directory change are not used: the run manager owns the run
 Extra flags: ``--cfg`` prints the composed, validated config and exits; ``-h``/``--help`` prints usage.
 """
 
+import dataclasses
 import functools
 import inspect
 import logging
+import os
 import re
 import sys
+import traceback
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from hydra import compose, initialize_config_dir
 from hydra.errors import HydraException
+from lightning.fabric.utilities.exceptions import MisconfigurationException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from speechtrain.core.config import ConfigError, accepted_keywords, schema_field, unknown_key_message, validate_config
+from speechtrain.common.config import (
+    ConfigError,
+    accepted_keywords,
+    nested_schema,
+    schema_field,
+    unknown_key_message,
+    validate_config,
+)
+from speechtrain.core.exp_manager import discard_new_run_folder, forget_new_run_folder, log_to_run_file
 from speechtrain.lightning import CallbackGroup
 
 _OVERRIDE_KEY = re.compile(r"^(?P<prefix>~|\+\+|\+)?(?P<key>[\w.\-/@]+)")
 USAGE = """usage: {prog} [--config-path DIR] [--config-name NAME] [--cfg] [key=value | +key=value | ~key ...]
 
 Overrides use Hydra's grammar: model.optim.lr=1e-4 sets a key, +key=v adds a new one, ++key=v sets or adds,
-~key deletes. --cfg prints the composed config and exits."""
+~key deletes. --cfg prints the composed config (every key with its value or default) and exits.
+A mistake in a key or value stops the job with one line and exit status 2. Config: {config}"""
 
 
 def _parse_argv(argv: list[str]) -> tuple[dict[str, Any], list[str]]:
@@ -72,12 +85,25 @@ def _explain_override_failure(config_name: str, overrides: list[str], error: Exc
         parent, _, leaf = match.group("key").rpartition(".")
         node = OmegaConf.select(base, parent) if parent else base
         if isinstance(node, DictConfig) and leaf not in node:
-            allowed = {str(k) for k in node.keys()} | (_signature_keys(schema, parent) or set())
+            typed = _schema_keys(schema, parent)
+            allowed = {str(k) for k in node.keys()} | (_signature_keys(schema, parent) or set()) | (typed or set())
             hint = unknown_key_message(parent, leaf, allowed)
-            if "Did you mean" not in hint:
+            if "Did you mean" not in hint and typed is None:
                 hint += f" To add a new key, write +{match.group('key')}=..."
             hints.append(hint)
     return "\n".join(hints) if hints else str(error)
+
+
+def _schema_keys(schema: type | None, dotted_key: str) -> set[str] | None:
+    """The field names of the dataclass that ``dotted_key`` names in ``schema`` (the whole schema for ``""``), or
+    None when that node is free-form (no typed schema: a new key may be added with ``+``)."""
+    if schema is None:
+        return None
+    if not dotted_key:
+        return {f.name for f in dataclasses.fields(schema)}
+    node = schema_field(schema, dotted_key)
+    nested = nested_schema(node) if node is not None else None
+    return {f.name for f in dataclasses.fields(nested)} if nested is not None else None
 
 
 def _signature_keys(schema: type | None, dotted_key: str) -> set[str] | None:
@@ -136,43 +162,86 @@ def hydra_runner(
     Args:
         config_path: config folder, relative to the decorated script's file (like Hydra).
         config_name: YAML file name without extension.
-        schema: dataclass the composed config must fit (see :mod:`speechtrain.core.config`).
+        schema: dataclass the composed config must fit (see :mod:`speechtrain.common.config`).
 
     The decorated function, called without arguments, reads ``sys.argv``; called with a config, it runs on that.
-    Lifecycle events ``on_app_start`` / ``on_app_end`` bracket the job.
+    Lifecycle events ``on_app_start`` / ``on_app_end`` bracket the job. From the command line, a mistake in what
+    the user gave (:data:`USER_ERRORS`) ends the job with one line on stderr and exit status 2, and a run folder it
+    created without writing a checkpoint is removed; any error that ends a run is written to its ``train.log``.
     """
 
     def decorator(task: Callable[[DictConfig], Any]) -> Callable[..., Any]:
         script_dir = Path(inspect.getfile(task)).resolve().parent
+        script_doc = task.__globals__.get("__doc__")  # the script's docstring: its examples, shown by --help
 
         @functools.wraps(task)
         def wrapper(cfg: DictConfig | None = None) -> Any:
-            if cfg is None:
-                cfg = _config_from_argv(sys.argv[1:], script_dir, config_path, config_name, schema)
+            command_line = cfg is None
+            if command_line:
+                cfg = _config_from_argv(sys.argv[1:], script_dir, config_path, config_name, schema, script_doc)
                 if cfg is None:
                     return None
             if not logging.getLogger().handlers:
                 logging.basicConfig(level=logging.INFO, format="[%(asctime)s %(levelname)s %(name)s] %(message)s")
             group = CallbackGroup.get_instance()
             group.on_app_start()
+            forget_new_run_folder()
             try:
                 return task(cfg)
+            except USER_ERRORS as error:
+                if not command_line:  # a caller with a config of its own handles the exception
+                    raise
+                _stop_on_user_error(error)
+            except Exception:
+                log_to_run_file(logging.ERROR, f"The run ended with an error:\n{traceback.format_exc()}")
+                raise
             finally:
                 group.on_app_end()
 
+        # What the script composes, for tools and tests that check every shipped config against its schema.
+        wrapper.schema = schema
+        wrapper.config_name = config_name
+        wrapper.config_dir = script_dir / config_path if config_path else script_dir
         return wrapper
 
     return decorator
 
 
+# Mistakes in what the user gave (a config value, a path, a file): one line naming the culprit, exit status 2. The
+# traceback is kept out of the way (SPEECHTRAIN_TRACEBACK=1 shows it) since the message names the key and the fix.
+USER_ERRORS = (ConfigError, FileNotFoundError, ValueError, MisconfigurationException)
+
+
+def _stop_on_user_error(error: Exception) -> NoReturn:
+    """Print ``<script>: error: <message>`` (one line), drop a run folder that this job created and that holds no
+    checkpoint, else record the error in its ``train.log``; exit with status 2."""
+    if os.environ.get("SPEECHTRAIN_TRACEBACK", "0") not in ("", "0"):
+        raise error
+    message = " ".join(str(error).split())
+    if isinstance(error, MisconfigurationException):
+        message = f"Lightning refused the trainer settings (trainer.*): {message}"
+    removed = discard_new_run_folder()
+    if removed is None:
+        log_to_run_file(logging.ERROR, f"The run ended with an error: {message}\n{traceback.format_exc()}")
+    print(f"{Path(sys.argv[0]).name}: error: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
 def _config_from_argv(
-    argv: list[str], script_dir: Path, config_path: str | None, config_name: str | None, schema: type | None
+    argv: list[str],
+    script_dir: Path,
+    config_path: str | None,
+    config_name: str | None,
+    schema: type | None,
+    doc: str | None = None,
 ) -> DictConfig | None:
     prog = Path(sys.argv[0]).name
     try:
         options, overrides = _parse_argv(argv)
         if options["help"]:
-            print(USAGE.format(prog=prog))
+            print(USAGE.format(prog=prog, config=script_dir / (config_path or ".") / f"{config_name}.yaml"))
+            if doc:
+                print(f"\n{doc.strip()}")
             return None
         config_dir = Path(options.get("config_path") or config_path or ".")
         if not config_dir.is_absolute():
@@ -185,7 +254,7 @@ def _config_from_argv(
             raise ConfigError(f"No config file {config_dir / (name + '.yaml')}.")
         cfg = compose_config(config_dir, name, overrides, schema)
     except ConfigError as error:
-        print(f"{prog}: config error:\n{error}", file=sys.stderr)
+        print(f"{prog}: error: {error}", file=sys.stderr)
         raise SystemExit(2) from None
     if options["print_cfg"]:
         print(OmegaConf.to_yaml(cfg))

@@ -29,8 +29,9 @@ import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from speechtrain.common.batch import NoUsableDataError, is_empty_batch, no_usable_data_message
+from speechtrain.common.config import ConfigError, to_plain, validate_config
 from speechtrain.core.archive import read_model_file, write_archive
-from speechtrain.core.config import to_plain, validate_config
 from speechtrain.core.optim import OptimConfig, build_optimizer, build_scheduler
 from speechtrain.lightning import CallbackGroup, Trainer, hook_class_init_with_callbacks, settings
 from speechtrain.lightning.checkpoint import gather_full_state_dict, shard_full_state_dict
@@ -94,6 +95,28 @@ def _load_source_state_dict(source: "str | Path | SpeechModel | dict[str, torch.
     return read_model_file(path).state_dict
 
 
+def check_optim_config(optim: Any) -> None:
+    """Refuse, by key, optimizer settings that cannot train (before any run folder or process exists).
+
+    Raises:
+        ConfigError: naming the ``model.optim`` key, its value and what it must be.
+    """
+    merged = OmegaConf.merge(OmegaConf.structured(OptimConfig), optim)
+    checks = [
+        ("name", merged.name in ("adamw", "adam", "sgd"), "one of adamw, adam, sgd"),
+        ("lr", merged.lr > 0, "> 0"),
+        ("weight_decay", merged.weight_decay >= 0, ">= 0"),
+        ("betas", len(merged.betas) == 2 and all(0 <= b < 1 for b in merged.betas), "two numbers in [0, 1)"),
+        ("sched.name", merged.sched.name in ("cosine", "constant", "none"), "one of cosine, constant, none"),
+        ("sched.warmup_steps", merged.sched.warmup_steps >= 0, ">= 0"),
+        ("sched.min_lr", 0 <= merged.sched.min_lr <= merged.lr, f"between 0 and model.optim.lr={merged.lr}"),
+    ]
+    for key, ok, expected in checks:
+        if not ok:
+            value = OmegaConf.select(merged, key)
+            raise ConfigError(f"model.optim.{key}={value}: must be {expected}.")
+
+
 def check_validation_schedule(trainer: Any, sampler: Any, has_validation: bool) -> None:
     """Fail at start, with the fix, when a run with validation data would never validate before it stops.
 
@@ -109,8 +132,15 @@ def check_validation_schedule(trainer: Any, sampler: Any, has_validation: bool) 
             f"trainer.max_epochs={trainer.max_epochs}. Lower check_val_every_n_epoch."
         )
     interval = trainer.val_check_interval
-    if every_epochs is None:
-        return  # an int interval counts steps across epochs
+    batches = trainer.max_steps * trainer.accumulate_grad_batches
+    if every_epochs is None:  # an int interval counts batches across epochs
+        if isinstance(interval, int) and trainer.max_steps > 0 and batches < interval:
+            raise ValueError(
+                f"This run would never validate: it stops after trainer.max_steps={trainer.max_steps} steps, before "
+                f"the first validation at batch trainer.val_check_interval={interval}. Lower it, e.g. "
+                f"trainer.val_check_interval={max(1, batches // 2)}."
+            )
+        return
     per_epoch = sampler.batches_per_epoch()
     if isinstance(interval, int) and interval > per_epoch:
         raise ValueError(
@@ -119,12 +149,12 @@ def check_validation_schedule(trainer: Any, sampler: Any, has_validation: bool) 
         )
     within = interval if isinstance(interval, int) else math.ceil(interval * per_epoch)
     first = (every_epochs - 1) * per_epoch + within
-    batches = trainer.max_steps * trainer.accumulate_grad_batches
     if trainer.max_steps > 0 and batches < first:
         raise ValueError(
             f"This run would never validate: it stops after trainer.max_steps={trainer.max_steps} steps, before the "
             f"first validation at batch {first} (an epoch has {per_epoch} batches). Set trainer.val_check_interval "
-            "to a number of batches (e.g. trainer.val_check_interval=100 trainer.check_val_every_n_epoch=null)."
+            f"to a number of batches below that (e.g. trainer.val_check_interval={max(1, batches // 2)} "
+            "trainer.check_val_every_n_epoch=null)."
         )
 
 
@@ -166,7 +196,7 @@ class SpeechModel(pl.LightningModule):
 
     Args:
         cfg: the model config (dict, ``DictConfig`` or an instance of ``Config``); unknown keys raise a
-            :class:`~speechtrain.core.config.ConfigError` that names them.
+            :class:`~speechtrain.common.config.ConfigError` that names them.
     """
 
     Config: ClassVar[type | None] = None
@@ -183,6 +213,8 @@ class SpeechModel(pl.LightningModule):
             cfg = OmegaConf.structured(cfg)
         cfg = {k: v for k, v in to_plain(cfg).items() if k != TARGET_KEY}
         self.cfg: DictConfig = validate_config(cfg, self.Config) if self.Config is not None else OmegaConf.create(cfg)
+        if self.cfg.get("optim") is not None:
+            check_optim_config(self.cfg.optim)
         self._artifacts: dict[str, Path] = {}
         self._artifact_dir = None
 
@@ -394,6 +426,7 @@ class SpeechModel(pl.LightningModule):
 
     def on_train_epoch_start(self) -> None:
         self._batches_done = 0
+        self._usable_in_epoch = 0
 
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
         # Counted at the start: checkpoints are written by callbacks at the end of a batch, before the module's
@@ -402,19 +435,35 @@ class SpeechModel(pl.LightningModule):
         skips = getattr(self, "_skips", None)  # a SkipTally: models whose datasets skip bad utterances keep one
         if skips is not None:
             skips.add_batch(batch)
+            if not is_empty_batch(batch):
+                self._usable_in_epoch = getattr(self, "_usable_in_epoch", 0) + len(batch["ids"])
 
     def on_train_epoch_end(self) -> None:
         """Reports the utterances skipped during the epoch (batches carry their counts, loader workers' included)."""
         skips = getattr(self, "_skips", None)
+        if skips is not None and not self._any_usable_in_epoch():
+            train_ds = self.cfg.get("train_ds") or {}
+            manifests = train_ds.get("manifest_filepath") or train_ds.get("cuts_path") or "?"
+            raise NoUsableDataError(no_usable_data_message(
+                f"training epoch {self.current_epoch}", "model.train_ds.manifest_filepath",
+                manifests if isinstance(manifests, str) else list(manifests), dict(skips.counts), dict(skips.examples),
+            ))  # fmt: skip
         summary = skips.take_summary() if skips is not None else None
         if summary:
             logger.warning("Epoch %d: %s", self.current_epoch, summary)
+
+    def _any_usable_in_epoch(self) -> bool:
+        """Whether any data-parallel rank trained on an utterance this epoch (the same answer on every rank)."""
+        count = torch.tensor([float(getattr(self, "_usable_in_epoch", 0))], device=self.device)
+        trainer = self._trainer
+        if trainer is not None and trainer.world_size > 1:
+            count = trainer.strategy.reduce(count, reduce_op="sum")
+        return float(count.sum()) > 0
 
     def log_training_speed(self, batch: Any) -> bool:
         """Logs training speed (audio-seconds per second over all data-parallel ranks, smoothed; from the batch's
         ``audio_lens`` at ``cfg.sample_rate``) and the minutes left to the progress bar. Call at the end of each
         training batch; returns False when nothing was logged (the first batch, or an empty one)."""
-        from speechtrain.data.cut_datasets import is_empty_batch
         from speechtrain.lightning import parallel_state
 
         now = time.perf_counter()

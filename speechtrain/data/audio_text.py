@@ -37,7 +37,7 @@ _warned_reasons: set[str] = set()
 
 
 class TextEncoder(Protocol):
-    """Anything that turns a transcript into token ids (e.g. :class:`speechtrain.asr.tokenizers.CharTokenizer`)."""
+    """Anything that turns a transcript into token ids (e.g. :class:`speechtrain.common.tokenizers.CharTokenizer`)."""
 
     def encode(self, text: str) -> list[int]: ...
 

@@ -5,7 +5,7 @@ in-memory cuts through lhotse; resampled to ``sample_rate``), applies the traini
 config, and never fails on a bad utterance: it is dropped from the batch and reported in ``batch["skipped"]``
 (reason -> count) and ``batch["skip_examples"]`` (reason -> first path), so that the training process can add up
 what its loader workers skipped (:class:`~speechtrain.data.audio_text.SkipTally`). A batch whose utterances were all
-bad has ``ids == []`` (see :func:`is_empty_batch`).
+bad has ``ids == []`` (see :func:`speechtrain.common.batch.is_empty_batch`).
 
 The datasets are given the sampler's :class:`~speechtrain.data.lhotse_loader.CutBatch` (cuts and epoch): the epoch
 seeds the augmentations, so a resumed run sees the same augmented audio as the uninterrupted one.
@@ -20,11 +20,6 @@ import torch
 from speechtrain.data.audio_text import TextEncoder, UtteranceReader
 from speechtrain.data.augment import AugmentationConfig, Augmenter
 from speechtrain.data.lhotse_loader import CutBatch, LoaderConfig
-
-
-def is_empty_batch(batch: dict[str, Any] | None) -> bool:
-    """True for a batch with no usable utterance (every one was skipped)."""
-    return batch is None or not batch.get("ids")
 
 
 def pad_1d(tensors: list[torch.Tensor], pad_value: float = 0) -> tuple[torch.Tensor, torch.Tensor]:

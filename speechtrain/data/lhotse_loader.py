@@ -69,6 +69,7 @@ class LoaderConfig:
     shuffle_buffer_size: int = 10000
     seed: int = 0
     num_workers: int = 0
+    pin_memory: bool = False
     drop_last: bool = False
     augmentation: AugmentationConfig = field(default_factory=AugmentationConfig)
 
@@ -87,7 +88,7 @@ def loader_config(cfg: "LoaderConfig | Any") -> LoaderConfig:
         return cfg
     from omegaconf import DictConfig, OmegaConf
 
-    from speechtrain.core.config import validate_config
+    from speechtrain.common.config import validate_config
 
     plain = OmegaConf.to_container(cfg) if isinstance(cfg, DictConfig) else dict(cfg)
     return OmegaConf.to_object(validate_config(plain, LoaderConfig))
@@ -412,4 +413,5 @@ def get_lhotse_dataloader_from_config(
     return DataLoader(
         dataset, sampler=sampler, batch_size=None, num_workers=cfg.num_workers,
         persistent_workers=cfg.num_workers > 0, generator=torch.Generator().manual_seed(cfg.seed),
+        pin_memory=cfg.pin_memory and torch.cuda.is_available(),  # page-locked batches: faster, async copies to GPU
     )  # fmt: skip

@@ -23,15 +23,31 @@ from typing import Any
 import torch
 from omegaconf import OmegaConf
 
-from speechtrain.asr.metrics import word_errors
-from speechtrain.core.config import ConfigError, validate_config
+from speechtrain.common.cli import fail, parse_key_values
+from speechtrain.common.config import ConfigError
+from speechtrain.common.metrics import word_errors
 
 logger = logging.getLogger(__name__)
 
 
 @dataclass
 class GenerateConfig:
-    """Command-line options (see the module docstring)."""
+    """Command-line options of ``python -m speechtrain.speechlm.generate``.
+
+    Attributes:
+        model_path: a SALM archive (``.stm``).
+        audio: an audio file, a NeMo manifest (``.json``/``.jsonl``) or a ``builtin:`` corpus split.
+        prompt: the user's text (default: the task's instruction).
+        task: one of the model's tasks (manifest input: its reference answers are scored).
+        output: JSON-lines answers of a manifest (default ``<manifest stem>_answers.json``).
+        limit: at most this many utterances of the manifest.
+        batch_size: utterances answered together.
+        greedy: greedy decoding (false: sampling with ``temperature`` and ``top_k``).
+        temperature: sampling temperature.
+        top_k: sampling top-k (0: all tokens).
+        max_new_tokens: longest answer.
+        seed: sampling seed.
+    """
 
     model_path: str | None = None
     audio: str | None = None
@@ -50,10 +66,10 @@ class GenerateConfig:
 def _manifest_cuts(manifest: str, sample_rate: int, limit: int | None) -> Any:
     from lhotse import CutSet
 
-    from speechtrain.asr.ctc import resolve_manifest
     from speechtrain.data.lhotse_loader import cuts_from_nemo_manifest
+    from speechtrain.data.synthetic import resolve_manifest
 
-    cuts = cuts_from_nemo_manifest(resolve_manifest(manifest), sample_rate)
+    cuts = cuts_from_nemo_manifest(str(resolve_manifest(manifest)), sample_rate)
     return CutSet.from_cuts(list(cuts)[:limit] if limit else cuts)
 
 
@@ -119,11 +135,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     from speechtrain.speechlm.data import SalmTaskConfig
 
     argv = sys.argv[1:] if argv is None else argv
+    cfg = parse_key_values(argv, GenerateConfig, __doc__)
     try:
-        bad = [a for a in argv if "=" not in a or a.startswith("=")]
-        if bad:
-            raise ConfigError(f"Arguments must be key=value (e.g. audio=clip.wav), got: {' '.join(bad)}")
-        cfg = OmegaConf.to_object(validate_config(OmegaConf.from_dotlist(list(argv)), GenerateConfig))
         missing = [k for k in ("model_path", "audio") if not getattr(cfg, k)]
         if missing:
             raise ConfigError(f"Missing {' and '.join(f'{k}=...' for k in missing)}.")
@@ -131,14 +144,14 @@ def main(argv: Sequence[str] | None = None) -> None:
             if not Path(getattr(cfg, key)).exists() and not str(getattr(cfg, key)).startswith("builtin:"):
                 raise FileNotFoundError(f"{key}={getattr(cfg, key)}: no such file.")
     except (ConfigError, ValueError, FileNotFoundError) as e:
-        sys.exit(f"error: {e}")
+        fail(str(e))
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     ensure_parallel_state(cfg.seed)
     torch.manual_seed(cfg.seed)
     model = SpeechModel.restore_from(cfg.model_path).eval()
     tasks = {t.name: t for t in model.cfg.tasks}
     if cfg.task is not None and cfg.task not in tasks:
-        sys.exit(f"error: task={cfg.task}: the model knows {', '.join(tasks)}.")
+        fail(f"task={cfg.task}: the model knows {', '.join(tasks)}.")
     task = OmegaConf.to_object(tasks[cfg.task]) if cfg.task else SalmTaskConfig()
     if cfg.prompt:
         task.instruction = cfg.prompt

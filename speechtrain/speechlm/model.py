@@ -33,15 +33,16 @@ import torch.nn.functional as F
 from omegaconf import OmegaConf
 from torch.utils.data import DataLoader
 
-from speechtrain.asr.conformer import ConformerConfig, ConformerEncoder, ConformerLayer, frame_mask, seeded
+from speechtrain.asr.conformer import ConformerConfig, ConformerEncoder, ConformerLayer, frame_mask
 from speechtrain.asr.features import PreprocessorConfig, build_preprocessor
-from speechtrain.asr.metrics import edit_distance
+from speechtrain.common.batch import is_empty_batch
+from speechtrain.common.metrics import edit_distance
 from speechtrain.core.model import SpeechModel
 from speechtrain.core.optim import OptimConfig
 from speechtrain.data.audio_text import SkipTally
-from speechtrain.data.cut_datasets import is_empty_batch
 from speechtrain.data.lhotse_loader import get_lhotse_dataloader_from_config, read_cuts
 from speechtrain.lightning import parallel_state
+from speechtrain.nn.init import seeded
 from speechtrain.speechlm.backbone import GPTConfig, build_gpt, gpt_logits
 from speechtrain.speechlm.data import (
     SalmDataset,
@@ -569,15 +570,15 @@ class SALMModel(SpeechModel):
     def _build_loader(self, ds_node: Any) -> DataLoader | None:
         from lhotse import CutSet
 
-        from speechtrain.asr.ctc import resolve_manifest
+        from speechtrain.data.synthetic import resolve_manifest
 
         cfg = ds_node if isinstance(ds_node, SalmLoaderConfig) else OmegaConf.to_object(ds_node)
         if not (cfg.manifest_filepath or cfg.cuts_path or cfg.shar_path or cfg.input_cfg or cfg.conversations_path):
             return None
         manifests = cfg.manifest_filepath
         if manifests:
-            cfg.manifest_filepath = (resolve_manifest(manifests) if isinstance(manifests, str)
-                                     else [resolve_manifest(m) for m in manifests])  # fmt: skip
+            cfg.manifest_filepath = (str(resolve_manifest(manifests)) if isinstance(manifests, str)
+                                     else [str(resolve_manifest(m)) for m in manifests])  # fmt: skip
         cfg.sample_rate = self.cfg.sample_rate
         dataset = self.dataset(cfg)
         parts = []

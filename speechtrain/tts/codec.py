@@ -310,7 +310,7 @@ def round_trip_report(codec: MelRVQCodec, rows: list[dict[str, Any]], asr: Any =
     """Round-trip quality on manifest ``rows``: mean log-mel distance of codec audio to the original (and of
     Griffin-Lim alone, the vocoder's share), and with an ASR model the CER / WER of the original, Griffin-Lim-only
     and codec audio (the model's own decoding)."""
-    from speechtrain.asr import metrics
+    from speechtrain.common import metrics
 
     original, codec_audio, vocoder_audio, distances, vocoder_distances = [], [], [], [], []
     for row in rows:

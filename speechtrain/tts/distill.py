@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from speechtrain.core.config import to_plain
+from speechtrain.common.config import to_plain
 from speechtrain.tts.guidance import cfg_distillation_loss
 from speechtrain.tts.model import TTSConfig, TTSModel
 

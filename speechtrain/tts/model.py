@@ -32,14 +32,15 @@ import torch.nn.functional as F
 from omegaconf import OmegaConf
 from torch.utils.data import DataLoader
 
-from speechtrain.asr.conformer import seeded
+from speechtrain.common.batch import is_empty_batch
 from speechtrain.core.model import SpeechModel
 from speechtrain.core.optim import OptimConfig
 from speechtrain.data.audio_text import SkipTally
-from speechtrain.data.cut_datasets import TtsCutDataset, is_empty_batch
+from speechtrain.data.cut_datasets import TtsCutDataset
 from speechtrain.data.lhotse_loader import LoaderConfig, get_lhotse_dataloader_from_config, loader_config
 from speechtrain.lightning import parallel_state
 from speechtrain.nn import ColumnParallelLinear, DecoderBlock, TransformerBlock
+from speechtrain.nn.init import seeded
 from speechtrain.tts.codec import MelRVQCodec, MelRVQCodecConfig
 from speechtrain.tts.guidance import condition_dropout_mask, guide_logits, sample_codes
 from speechtrain.tts.text import TextFrontEnd, TextFrontEndConfig
@@ -495,13 +496,13 @@ class TTSModel(SpeechModel):
             self._val_loaders = [loader] if loader is not None else []
 
     def _build_loader(self, ds_cfg: Any, manifests: Any) -> DataLoader | None:
-        from speechtrain.asr.ctc import resolve_manifest
+        from speechtrain.data.synthetic import resolve_manifest
 
         if not manifests:
             return None
         cfg = loader_config(OmegaConf.to_object(ds_cfg))
-        cfg.manifest_filepath = (resolve_manifest(manifests) if isinstance(manifests, str)
-                                 else [resolve_manifest(m) for m in manifests])  # fmt: skip
+        cfg.manifest_filepath = (str(resolve_manifest(manifests)) if isinstance(manifests, str)
+                                 else [str(resolve_manifest(m)) for m in manifests])  # fmt: skip
         cfg.sample_rate = self.cfg.sample_rate
         speakers = {name: i for i, name in enumerate(self.cfg.speakers)} if self.cfg.speakers else None
         dataset = TtsCutDataset.from_config(_TextEncoder(self.text_frontend, self.cfg.max_text_tokens), cfg,
@@ -712,8 +713,8 @@ def prepare_tts_config(model_cfg: Any, codec_model: str | None, codec_utterances
     (None: a codec of ``model_cfg.codec`` fitted on ``codec_utterances`` utterances of the first training
     manifest, cached), and the text front-end's symbol inventory from the training transcripts when
     ``text.vocab`` is null. Returns the codec, whose codebooks the model then loads."""
-    from speechtrain.asr.ctc import resolve_manifest
     from speechtrain.data.manifest import read_nemo_manifest
+    from speechtrain.data.synthetic import resolve_manifest
     from speechtrain.tts.codec import ensure_codec
 
     manifests = model_cfg.train_ds.manifest_filepath

@@ -22,9 +22,9 @@ from typing import Any
 
 import soundfile as sf
 import torch
-from omegaconf import OmegaConf
 
-from speechtrain.core.config import ConfigError, validate_config
+from speechtrain.common.cli import fail, parse_key_values
+from speechtrain.common.config import ConfigError
 from speechtrain.core.model import SpeechModel
 
 logger = logging.getLogger(__name__)
@@ -32,7 +32,21 @@ logger = logging.getLogger(__name__)
 
 @dataclass
 class SynthesizeConfig:
-    """Command-line options (see the module docstring): ``text`` or a NeMo ``manifest`` (its ``text`` fields)."""
+    """Command-line options of ``python -m speechtrain.tts.synthesize``.
+
+    Attributes:
+        model_path: a TTS model archive (``.stm``).
+        text: one text to speak (or give ``manifest``).
+        manifest: a NeMo manifest (or ``builtin:`` name) whose ``text`` fields are spoken.
+        max_utterances: at most this many texts of the manifest.
+        out_dir: folder for the WAV files and ``synthesized.json``.
+        guidance_scale: CFG scale (null: the model's ``inference`` setting).
+        temperature: sampling temperature (null: the model's).
+        top_k: sampling top-k (null: the model's).
+        seed: sampling seed.
+        batch_size: texts synthesised together.
+        asr_model: an ASR archive that transcribes the speech to report CER / WER.
+    """
 
     model_path: str | None = None
     text: str | None = None
@@ -53,7 +67,7 @@ def intelligibility(
     """Synthesise ``texts`` in batches; returns the waveforms and a report: ``rtf`` (synthesis seconds per audio
     second, codec decoding included), ``audio_seconds``, ``decoder_passes`` per step, and with an ASR model
     ``cer`` / ``wer`` of its transcripts against ``texts``. ``generation``: :meth:`TTSModel.generate_codes` options."""
-    from speechtrain.asr import metrics
+    from speechtrain.common import metrics
 
     waves: list[torch.Tensor] = []
     seconds, passes = 0.0, 1
@@ -83,10 +97,7 @@ def parse_args(argv: Sequence[str]) -> SynthesizeConfig:
         ConfigError: on an argument that is not ``key=value``, an unknown key, a wrong type, or when
             ``model_path`` or both / neither of ``text`` and ``manifest`` are given.
     """
-    bad = [a for a in argv if "=" not in a or a.startswith("=")]
-    if bad:
-        raise ConfigError(f"Arguments must be key=value (e.g. text='Hello.'), got: {' '.join(bad)}")
-    cfg = OmegaConf.to_object(validate_config(OmegaConf.from_dotlist(list(argv)), SynthesizeConfig))
+    cfg = parse_key_values(argv, SynthesizeConfig, __doc__)
     if not cfg.model_path:
         raise ConfigError("Missing model_path=...")
     if (cfg.text is None) == (cfg.manifest is None):
@@ -99,8 +110,8 @@ def parse_args(argv: Sequence[str]) -> SynthesizeConfig:
 def _texts(cfg: SynthesizeConfig) -> list[str]:
     if cfg.text is not None:
         return [cfg.text]
-    from speechtrain.asr.ctc import resolve_manifest
     from speechtrain.data.manifest import read_nemo_manifest
+    from speechtrain.data.synthetic import resolve_manifest
 
     rows = read_nemo_manifest(resolve_manifest(cfg.manifest))
     texts = [r["text"] for r in rows if r.get("text")]
@@ -119,13 +130,13 @@ def main(argv: Sequence[str] | None = None) -> None:
             raise FileNotFoundError(f"model_path={cfg.model_path}: no such file.")
         texts = _texts(cfg)
     except (ConfigError, ValueError, FileNotFoundError) as e:
-        sys.exit(f"error: {e}")
+        fail(str(e))
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     import speechtrain.tts.model  # noqa: F401  (registers the class the archive names)
 
     tts = SpeechModel.restore_from(cfg.model_path).eval()
     if not callable(getattr(tts, "synthesize", None)):
-        sys.exit(f"error: {type(tts).__name__} (from {cfg.model_path}) has no synthesize method.")
+        fail(f"{type(tts).__name__} (from {cfg.model_path}) has no synthesize method.")
     asr = SpeechModel.restore_from(cfg.asr_model).eval() if cfg.asr_model else None
     keys = ("guidance_scale", "temperature", "top_k")
     generation = {k: getattr(cfg, k) for k in keys if getattr(cfg, k) is not None}
@@ -133,7 +144,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     try:
         waves, report = intelligibility(tts, texts, asr, cfg.batch_size, seed=cfg.seed, **generation)
     except ValueError as e:  # a text the front-end cannot read, or too long
-        sys.exit(f"error: {e}")
+        fail(str(e))
     out = Path(cfg.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     with open(out / "synthesized.json", "w", encoding="utf-8") as listing:

@@ -2,13 +2,13 @@
 built-in corpus, so a phoneme model hears and reads the same pronunciations).
 
 A :class:`TextFrontEnd` turns text into symbols (normalised characters, or phonemes) and symbols into ids with a
-:class:`~speechtrain.asr.tokenizers.CharTokenizer` over the symbol inventory, which the model archive stores.
+:class:`~speechtrain.common.tokenizers.CharTokenizer` over the symbol inventory, which the model archive stores.
 """
 
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from speechtrain.asr.tokenizers import CharTokenizer
+from speechtrain.common.tokenizers import CharTokenizer
 
 KINDS = ("chars", "phonemes")
 

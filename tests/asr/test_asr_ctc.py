@@ -1,3 +1,4 @@
+import dataclasses
 import importlib.util
 import logging
 from pathlib import Path
@@ -9,7 +10,7 @@ import torch.nn.functional as F
 from omegaconf import OmegaConf
 
 from speechtrain.asr.ctc import MODEL_SIZES, ConformerCTCModel, validation_set_name
-from speechtrain.asr.tokenizers import CharTokenizer, train_sentencepiece
+from speechtrain.common.tokenizers import CharTokenizer, train_sentencepiece
 from speechtrain.core.model import SpeechModel, check_validation_schedule
 from speechtrain.data.cut_datasets import AsrCutDataset
 from speechtrain.data.lhotse_loader import CutBatch, LoaderConfig, read_cuts
@@ -44,8 +45,43 @@ def _batch(manifest, model, count=6):
 def test_sizes_fill_the_encoder_and_explicit_keys_win():
     model = ConformerCTCModel({"size": "small", "tokenizer": {"vocab": DIGITS}, "encoder": {"num_layers": 2}})
     assert model.cfg.encoder.d_model == MODEL_SIZES["small"]["d_model"] and model.cfg.encoder.num_layers == 2
-    with pytest.raises(ValueError, match="Unknown model size 'huge'"):
+    with pytest.raises(ValueError, match="Unknown model.size='huge'"):
         ConformerCTCModel({"size": "huge", "tokenizer": {"vocab": DIGITS}})
+
+
+def _another_value(value):
+    alternatives = {"batch_norm": "layer_norm", "layer_norm": "batch_norm", "striding": "dw_striding",
+                    "dw_striding": "striding"}  # fmt: skip
+    if isinstance(value, bool):
+        return not value
+    if isinstance(value, str):
+        return alternatives[value]
+    return value * 2 + 1 if isinstance(value, int) else round(value + 0.25, 2)
+
+
+@pytest.mark.parametrize("size", ["demo", "large"])
+def test_every_explicit_encoder_key_wins_over_the_size_even_at_its_default(size):
+    from speechtrain.asr.conformer import ConformerConfig
+    from speechtrain.asr.ctc import ConformerCTCConfig
+    from speechtrain.common.config import validate_config
+    from speechtrain.core.job import train_job_schema
+
+    schema = train_job_schema(ConformerCTCConfig)
+    defaults = dataclasses.asdict(ConformerConfig())
+    sized = {**defaults, **MODEL_SIZES[size]}
+    for key, default in defaults.items():
+        for value in (default, _another_value(sized[key])):
+            job = validate_config({"model": {"size": size, "tokenizer": {"vocab": DIGITS},
+                                             "encoder": {key: value}}}, schema)  # fmt: skip
+            encoder = ConformerCTCModel(job.model).cfg.encoder
+            assert encoder[key] == value, (size, key, value)
+            assert {k: v for k, v in encoder.items() if k != key} == {k: v for k, v in sized.items() if k != key}
+    # The command line of issue 19: model.size=demo model.encoder.dropout=0.1 trains with dropout 0.1.
+    from speechtrain.core.hydra_runner import compose_config
+
+    overrides = ["model.size=demo", "model.encoder.dropout=0.1", "model.tokenizer.vocab=[a,b]"]
+    cfg = compose_config(EXAMPLES / "conf", "asr_train", overrides, schema)
+    assert ConformerCTCModel(cfg.model).cfg.encoder.dropout == 0.1
 
 
 @pytest.mark.parametrize("reduction", ["mean_volume", "mean_batch"])
@@ -84,8 +120,10 @@ def test_archive_round_trip_with_a_bpe_tokenizer_gives_identical_transcripts(tmp
 
 def test_several_validation_sets_are_reported_by_name(tmp_path, dtmf_manifest):
     other = tmp_path / "other.json"
-    other.write_text("".join(dtmf_manifest.read_text().splitlines(keepends=True)[:10]).replace(
-        '"audio_filepath": "', f'"audio_filepath": "{dtmf_manifest.parent}/'))  # fmt: skip
+    lines = dtmf_manifest.read_text().splitlines(keepends=True)
+    key = '"audio_filepath": "'
+    good = "".join(lines[:10]).replace(key, f"{key}{dtmf_manifest.parent}/")
+    other.write_text(good + "".join(lines[10:13]).replace(key, f"{key}{tmp_path}/gone/"))  # 3 missing files
     cfg = _config(dtmf_manifest)
     cfg["validation_ds"]["manifest_filepath"] = [str(dtmf_manifest), str(other)]
     model = ConformerCTCModel(cfg)
@@ -98,6 +136,8 @@ def test_several_validation_sets_are_reported_by_name(tmp_path, dtmf_manifest):
     for key in ("val_wer", "val_cer", "val_loss", f"val_wer_{name}", "val_wer_other", "val_cer_other"):
         assert key in metrics, key
     assert float(metrics["val_wer"]) == float(metrics[f"val_wer_{name}"])
+    # Utterances that could not be scored are counted beside the WER, per set.
+    assert float(metrics["val_skipped_other"]) == 3 and float(metrics[f"val_skipped_{name}"]) == 0
 
 
 def test_validation_set_names():
@@ -181,7 +221,7 @@ def test_finetune_with_a_new_vocabulary_keeps_the_encoder_and_reports_the_decode
 
 
 def test_the_finetune_command_line_sets_model_keys_without_plus_and_catches_typos():
-    from speechtrain.core.config import ConfigError
+    from speechtrain.common.config import ConfigError
     from speechtrain.core.hydra_runner import compose_config
 
     schema = _finetune_module().FINETUNE_SCHEMA

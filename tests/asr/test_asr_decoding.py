@@ -6,11 +6,11 @@ import torch
 
 from speechtrain.asr.ctc import ConformerCTCModel, ensure_lm
 from speechtrain.asr.decoding import BeamSearchDecoder, DecodingConfig, arpa_words, greedy_decode, spell
-from speechtrain.asr.metrics import word_error_rate
 from speechtrain.asr.ngram import NgramLM, main
-from speechtrain.asr.tokenizers import CharTokenizer, train_sentencepiece
 from speechtrain.asr.transcribe import parse_args
-from speechtrain.core.config import ConfigError
+from speechtrain.common.config import ConfigError
+from speechtrain.common.metrics import word_error_rate
+from speechtrain.common.tokenizers import CharTokenizer, train_sentencepiece
 from speechtrain.core.model import SpeechModel
 from speechtrain.data.lhotse_loader import LoaderConfig, read_cuts
 from speechtrain.data.manifest import read_nemo_manifest
@@ -95,7 +95,7 @@ def test_the_lm_breaks_acoustic_ties_between_words(tmp_path):
 def test_words_the_tokenizer_cannot_spell_are_left_out_of_the_lexicon(tmp_path):
     texts = [" ".join(["one", "two", "three", "four"][(i * j) % 4] for j in range(5)) for i in range(1, 200)]
     bpe = train_sentencepiece(texts, tmp_path / "bpe", vocab_size=24)
-    from speechtrain.asr.tokenizers import load_tokenizer
+    from speechtrain.common.tokenizers import load_tokenizer
 
     tokenizer = load_tokenizer(bpe)
     assert spell(tokenizer, "zoo") is None and "".join(spell(tokenizer, "three")).replace("\u2581", "") == "three"

@@ -1,8 +1,16 @@
+import math
 import random
 
 import pytest
 
-from speechtrain.asr.metrics import char_error_rate, char_errors, edit_distance, word_error_rate, word_errors
+from speechtrain.common.metrics import (
+    char_error_rate,
+    char_errors,
+    edit_distance,
+    format_rate,
+    word_error_rate,
+    word_errors,
+)
 
 
 def _reference_edit_distance(hyp, ref):
@@ -57,8 +65,10 @@ def test_wer_hand_computed():
     assert word_error_rate(["the cat sat", "the dog sat"], ["the cat sat down", "the cat sat"]) == pytest.approx(2 / 7)
     # Insertions count, so WER can exceed 1.
     assert word_error_rate(["a b c"], ["x"]) == pytest.approx(3.0)
-    assert word_error_rate(["anything"], [""]) == 1.0
-    assert word_error_rate([""], [""]) == 0.0
+    # A rate over no reference word is not applicable (NaN, shown as n/a), never 0%.
+    assert math.isnan(word_error_rate(["anything"], [""])) and math.isnan(word_error_rate([""], [""]))
+    assert math.isnan(char_error_rate([""], [""]))
+    assert format_rate(float("nan")) == "n/a" and format_rate(0.0123) == "1.23%"
 
 
 def test_cer_counts_spaces_as_characters():
@@ -69,8 +79,7 @@ def test_cer_counts_spaces_as_characters():
     assert char_errors(["thecat"], ["the cat"]) == (1, 7)
     assert char_error_rate(["the cat sat", "thecat"], ["the cat sat down", "the cat"]) == pytest.approx(6 / 23)
     assert char_error_rate(["Cat"], ["cat"]) == pytest.approx(1 / 3)
-    assert char_error_rate(["x"], [""]) == 1.0
-    assert char_error_rate([""], [""]) == 0.0
+    assert math.isnan(char_error_rate(["x"], [""]))
 
 
 @pytest.mark.parametrize("errors", [word_errors, char_errors])

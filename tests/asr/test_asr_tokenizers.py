@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from speechtrain.asr.tokenizer import ctc_min_frames, main
-from speechtrain.asr.tokenizers import CharTokenizer, SentencePieceTokenizer, load_tokenizer, train_sentencepiece
+from speechtrain.common.tokenizers import CharTokenizer, SentencePieceTokenizer, load_tokenizer, train_sentencepiece
 from speechtrain.data.sentences import SentenceGenerator
 
 
@@ -190,7 +190,7 @@ def test_training_is_deterministic(sentences, bpe_path, tmp_path):
     assert sample[0].read_bytes() != sample[2].read_bytes()
     # Another process gives the same model (SentencePiece's own sampling would not).
     script = (
-        "import sys; from speechtrain.asr.tokenizers import train_sentencepiece; "
+        "import sys; from speechtrain.common.tokenizers import train_sentencepiece; "
         "from speechtrain.data.sentences import SentenceGenerator; "
         "train_sentencepiece(SentenceGenerator(seed=0).sentences(300), sys.argv[1], 64, max_sentences=150, seed=1)"
     )

@@ -108,6 +108,7 @@ def test_unreadable_audio_becomes_an_error_row_not_a_crash(archive, model, manif
     assert [r["pred_text"] for r in ok] == _per_utterance(model, [r["audio_filepath"] for r in ok])
     out = capsys.readouterr().out
     assert f"Transcribed {len(good)}/{len(rows_in)} utterances" in out and "Skipped 3 " in out
+    assert f"{len(good)} utterances; 3 skipped, see 'error')" in out  # the WER says what it left out
 
 
 def test_batching_by_duration_does_not_change_transcripts(model, manifest):

@@ -7,7 +7,7 @@ import torch
 from conftest import tiny_ctc_config
 
 from speechtrain.asr.conv_ctc import ConvCTCModel
-from speechtrain.asr.tokenizers import CharTokenizer
+from speechtrain.common.tokenizers import CharTokenizer
 from speechtrain.core.archive import ArchiveError, read_archive, write_archive
 from speechtrain.core.model import SpeechModel
 

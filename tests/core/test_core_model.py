@@ -3,7 +3,7 @@ import torch
 from conftest import tiny_ctc_config
 
 from speechtrain.asr.conv_ctc import ConvCTCModel
-from speechtrain.core.config import ConfigError
+from speechtrain.common.config import ConfigError
 from speechtrain.core.model import SpeechModel
 
 

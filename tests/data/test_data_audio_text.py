@@ -7,7 +7,7 @@ import soundfile as sf
 import torch
 from torch.utils.data import DataLoader
 
-from speechtrain.asr.tokenizers import CharTokenizer
+from speechtrain.common.tokenizers import CharTokenizer
 from speechtrain.data import audio_text
 from speechtrain.data.audio_text import SKIP_REASONS, AudioTextDataset, collate_audio_text
 from speechtrain.data.synthetic import make_dtmf_corpus

@@ -5,9 +5,10 @@ import pytest
 import soundfile as sf
 import torch
 
-from speechtrain.asr.tokenizers import CharTokenizer
+from speechtrain.common.batch import is_empty_batch
+from speechtrain.common.tokenizers import CharTokenizer
 from speechtrain.data.audio_text import SkipTally
-from speechtrain.data.cut_datasets import AsrCutDataset, SalmCutDataset, TtsCutDataset, is_empty_batch
+from speechtrain.data.cut_datasets import AsrCutDataset, SalmCutDataset, TtsCutDataset
 from speechtrain.data.lhotse_loader import (
     CutBatch,
     LoaderConfig,

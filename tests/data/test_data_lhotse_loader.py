@@ -3,7 +3,7 @@ import json
 import pytest
 import torch
 
-from speechtrain.asr.tokenizers import CharTokenizer
+from speechtrain.common.tokenizers import CharTokenizer
 from speechtrain.data.cut_datasets import AsrCutDataset
 from speechtrain.data.lhotse_loader import (
     LoaderConfig,

@@ -184,7 +184,7 @@ def test_llm_and_encoder_from_hf_folder_and_asr_archive(tokenizer_file, tmp_path
     asr.save_to(tmp_path / "asr.stm")
     from omegaconf import OmegaConf
 
-    from speechtrain.core.config import validate_config
+    from speechtrain.common.config import validate_config
     from speechtrain.speechlm.model import SALMConfig
 
     cfg = validate_config({**config, "llm": {"hf_path": str(tmp_path / "hf")},

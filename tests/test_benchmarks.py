@@ -1,0 +1,50 @@
+"""Benchmarks cannot rot: each answers ``--help``, and those that need no trained archive or large corpus run a
+tiny version of themselves here (seconds each)."""
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import example_overrides
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+NAMES = sorted(p.stem for p in BENCHMARKS.glob("*.py"))
+
+
+def _main(name):
+    if str(BENCHMARKS) not in sys.path:  # as when run as a script: benchmarks import each other by file name
+        sys.path.insert(0, str(BENCHMARKS))
+    spec = importlib.util.spec_from_file_location(f"benchmark_{name}", BENCHMARKS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.main
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_every_benchmark_answers_help(name, capsys):
+    with pytest.raises(SystemExit) as stop:
+        _main(name)(["--help"])
+    assert stop.value.code == 0 and capsys.readouterr().out.startswith("usage: ")
+
+
+def test_asr_demo_benchmark_runs_the_demo_script_tiny(tmp_path, dtmf_manifest, capsys):
+    overrides = [o for o in example_overrides(tmp_path, dtmf_manifest) if not o.startswith("exp_manager.exp_dir")]
+    overrides += ["trainer.max_steps=4", "trainer.max_epochs=1", "+trainer.val_check_interval=4",
+                  "trainer.check_val_every_n_epoch=null", "model.decoding.strategy=greedy"]  # fmt: skip
+    _main("asr_demo")(["--precisions", "32", "--warmup", "1", "--", *overrides])
+    table = capsys.readouterr().out.strip().splitlines()
+    assert table[-3].startswith("| precision | train audio-s/s") and table[-1].startswith("| 32 | ")
+    assert "nan" not in table[-1]
+
+
+@pytest.mark.parametrize(
+    "name, argv, expected",
+    [
+        ("fault_tolerance", ["--repeats", "2"], "NonFiniteGuard check"),
+        ("synthetic_corpus", ["--utterances", "6", "--workers", "1"], "| 6 | "),
+    ],
+)
+def test_small_benchmarks_run_tiny(name, argv, expected, capsys):
+    _main(name)(argv)
+    assert expected in capsys.readouterr().out
