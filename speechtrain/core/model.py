@@ -14,7 +14,6 @@ Construction, data setup, optimizer setup and weight loading are announced on th
 """
 
 import fnmatch
-import functools
 import importlib
 import logging
 import math
@@ -158,20 +157,44 @@ def check_validation_schedule(trainer: Any, sampler: Any, has_validation: bool) 
         )
 
 
-def _time_progress(timer: Any) -> float:
-    """Fraction of ``max_time`` spent training, the same number on every rank (rank 0's clock)."""
-    progress = torch.tensor([timer.time_elapsed("train") / timer._duration], dtype=torch.float64)
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        backend = torch.distributed.get_backend()
-        device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
-        progress = progress.to(device)
-        torch.distributed.broadcast(progress, src=0)
-    return float(progress.item())
+class _WallClockProgress:
+    """Fraction of ``max_time`` spent training, the same number on every rank, for the learning-rate schedule.
+
+    Rank 0's clock is broadcast every ``every`` optimizer steps (a collective and a host sync); in between, the
+    fraction advances by the time per step measured between the last two broadcasts. Every rank computes the same
+    function of the step, so the learning rates agree without a collective per step.
+    """
+
+    def __init__(self, timer: Any, trainer: Any, every: int = 50) -> None:
+        self.timer, self.trainer, self.every = timer, trainer, every
+        self._synced: tuple[int, float] | None = None  # (step, fraction) of the last broadcast
+        self._per_step = 0.0
+
+    def _broadcast(self) -> float:
+        progress = torch.tensor([self.timer.time_elapsed("train") / self.timer._duration], dtype=torch.float64)
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            backend = torch.distributed.get_backend()
+            device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
+            progress = progress.to(device)
+            torch.distributed.broadcast(progress, src=0)
+        return float(progress.item())
+
+    def __call__(self) -> float:
+        step = self.trainer.global_step
+        if self._synced is None or step - self._synced[0] >= self.every:
+            fraction = self._broadcast()
+            if self._synced is not None and step > self._synced[0]:
+                self._per_step = (fraction - self._synced[1]) / (step - self._synced[0])
+            self._synced = (step, fraction)
+        return self._synced[1] + self._per_step * (step - self._synced[0])
 
 
 def _rng_state() -> dict[str, Any]:
+    """This process's random streams (Python, NumPy, torch CPU and CUDA, Megatron's model-parallel tracker)."""
     numpy_state = np.random.get_state()
+    cuda = torch.cuda.get_rng_state() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
     return {
+        "cuda": cuda,
         "model_parallel": rng_tracker_states(),
         "torch": torch.get_rng_state(),
         "python": list(random.getstate()[1]),
@@ -182,8 +205,33 @@ def _rng_state() -> dict[str, Any]:
     }
 
 
+def _all_ranks_rng_states() -> dict[str, Any]:
+    """Every process's random streams, by global rank (a collective when distributed): each data-parallel rank
+    draws its own dither, SpecAugment and dropout, so a checkpoint written by one rank must hold them all."""
+    state = _rng_state()
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return {"by_rank": {0: state}}
+    states: list[Any] = [None] * torch.distributed.get_world_size()
+    torch.distributed.all_gather_object(states, state)
+    return {"by_rank": dict(enumerate(states))}
+
+
+def _restore_rank_rng_state(saved: dict[str, Any]) -> None:
+    """This process's streams from :func:`_all_ranks_rng_states` (checkpoints before it held one rank's only)."""
+    if "by_rank" not in saved:
+        _set_rng_state(saved)
+        return
+    rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
+    if rank not in saved["by_rank"]:
+        logger.warning("The checkpoint holds random states of %d processes; process %d starts from rank 0's.",
+                       len(saved["by_rank"]), rank)  # fmt: skip
+    _set_rng_state(saved["by_rank"].get(rank, saved["by_rank"][0]))
+
+
 def _set_rng_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
+    if state.get("cuda") is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])
     if state.get("model_parallel"):
         set_rng_tracker_states(state["model_parallel"])
     random.setstate((3, tuple(state["python"]), state["python_gauss"]))
@@ -407,7 +455,7 @@ class SpeechModel(pl.LightningModule):
             optimizer = build_optimizer([p for p in self.parameters() if p.requires_grad], optim_cfg)
             timer = self._max_time_timer()
             if timer is not None:
-                scheduler = build_scheduler(optimizer, optim_cfg, 0, progress=functools.partial(_time_progress, timer))
+                scheduler = build_scheduler(optimizer, optim_cfg, 0, progress=_WallClockProgress(timer, self.trainer))
             else:
                 scheduler = build_scheduler(optimizer, optim_cfg, self._total_steps())
         finally:
@@ -518,7 +566,7 @@ class SpeechModel(pl.LightningModule):
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Adds the RNG states and the position in the epoch, so that a resumed run draws the same random
         numbers and trains on the same batches as an uninterrupted one."""
-        checkpoint["speechtrain_rng"] = _rng_state()
+        checkpoint["speechtrain_rng"] = _all_ranks_rng_states()
         checkpoint["speechtrain_data"] = {
             "epoch": self.current_epoch,
             "batches_done": getattr(self, "_batches_done", 0),
@@ -526,7 +574,7 @@ class SpeechModel(pl.LightningModule):
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         if "speechtrain_rng" in checkpoint:
-            _set_rng_state(checkpoint["speechtrain_rng"])
+            _restore_rank_rng_state(checkpoint["speechtrain_rng"])
         sampler = self._resumable_sampler()
         if sampler is not None and "speechtrain_data" in checkpoint:
             sampler.resume(checkpoint["speechtrain_data"]["epoch"], checkpoint["speechtrain_data"]["batches_done"])

@@ -175,9 +175,11 @@ def remove_checkpoint(path: str | os.PathLike) -> None:
 def gather_full_state_dict(module: torch.nn.Module) -> dict[str, torch.Tensor]:
     """The whole model's state dict on every rank: tensor-parallel shards joined, pipeline stages merged.
 
-    A collective call on all ranks. Entries that are not tensors (Megatron layers' empty ``_extra_state``) are left
-    out, so the result has the keys of the same model built without Megatron.
+    A collective call on all ranks. Normalisation statistics are first averaged over the data-parallel ranks.
+    Entries that are not tensors (Megatron layers' empty ``_extra_state``) are left out, so the result has the keys
+    of the same model built without Megatron.
     """
+    parallel_state.average_norm_statistics(module)
     state = {name: value for name, value in module.state_dict().items() if isinstance(value, torch.Tensor)}
     tp_group, pp_group = parallel_state.tensor_parallel_group(), parallel_state.pipeline_parallel_group()
     tp, pp = parallel_state.tensor_parallel_world_size(), parallel_state.pipeline_parallel_world_size()

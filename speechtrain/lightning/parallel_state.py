@@ -92,6 +92,30 @@ def all_reduce(tensor: torch.Tensor, group: Any, op: Any = None) -> torch.Tensor
     return tensor
 
 
+def average_norm_statistics(module: torch.nn.Module) -> None:
+    """Average the running statistics of every normalisation layer (buffers ``running_mean`` / ``running_var``:
+    batch norm, and the Conformer's masked batch norm) over the data-parallel group, in one all-reduce.
+
+    Each data-parallel rank updates its statistics from its own batches; without this, validation on each rank
+    would use different statistics and checkpoints and archives would hold rank 0's. A collective call on every
+    rank (a no-op without data parallelism); the order of the buffers is the module's, the same on every rank.
+    """
+    group = data_parallel_group()
+    size = data_parallel_world_size()
+    if size == 1 or group is None and not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return
+    stats = [b for name, b in module.named_buffers() if name.rsplit(".", 1)[-1] in ("running_mean", "running_var")
+             and b.is_floating_point()]  # fmt: skip
+    if not stats:
+        return
+    flat = torch._utils._flatten_dense_tensors([s.float() for s in stats])
+    torch.distributed.all_reduce(flat, group=group)
+    flat /= size
+    with torch.no_grad():
+        for stat, mean in zip(stats, torch._utils._unflatten_dense_tensors(flat, stats)):
+            stat.copy_(mean)
+
+
 def model_parallel_group() -> Any:
     """The tensor x pipeline group of this rank (None when there is no model parallelism)."""
     mpu = _mpu()

@@ -122,6 +122,14 @@ class MegatronStrategy(DDPStrategy):
             )
 
     def setup_environment(self) -> None:
+        if self._layer_sync is not None:
+            raise ValueError(
+                "trainer.sync_batchnorm=true is not supported under MegatronStrategy: Lightning would swap in torch's "
+                "SyncBatchNorm, which syncs over every process (not the data-parallel group) and cannot take the "
+                "padding mask of the Conformer's masked batch norm. The bridge averages the running statistics over "
+                "the data-parallel ranks before every validation, checkpoint and archive; set "
+                "trainer.sync_batchnorm=false."
+            )
         if not isinstance(self.precision_plugin, MegatronMixedPrecision):
             self.precision_plugin = MegatronMixedPrecision(self.precision_plugin.precision)
         self.precision_plugin.device_type = self.root_device.type
@@ -243,6 +251,17 @@ class MegatronStrategy(DDPStrategy):
             loss = self.megatron_parallel.run(batch, forward_only=True)
         self.lightning_module.log("val_loss", loss, prog_bar=True, batch_size=1)
         return loss
+
+    def on_validation_start(self) -> None:
+        """Every rank validates with the same normalisation statistics: their mean over the data-parallel ranks."""
+        super().on_validation_start()
+        parallel_state.average_norm_statistics(self.lightning_module)
+
+    def lightning_module_state_dict(self) -> dict[str, Any]:
+        """Checkpoints hold the data-parallel mean of the normalisation statistics (a collective: every rank dumps
+        the checkpoint)."""
+        parallel_state.average_norm_statistics(self.lightning_module)
+        return super().lightning_module_state_dict()
 
     def reduce(self, tensor: Any, group: Any = None, reduce_op: Any = "mean") -> Any:
         """Metrics are reduced over the data-parallel group (model-parallel peers hold the same values)."""

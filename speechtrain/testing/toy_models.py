@@ -40,6 +40,7 @@ class ToyConfig:
     num_layers: int = 4
     dropout: float = 0.0
     relative_positions: bool = False
+    input_norm: bool = False  # batch norm on the input frames (tests of normalisation statistics under DP)
     seed: int = 0
     num_samples: int = 64
     max_frames: int = 12
@@ -82,6 +83,7 @@ class ToyTransformerRegressor(SpeechModel):
         if self.pre_process:
             with seeded(cfg.seed * 1000):
                 self.input_proj = torch.nn.Linear(cfg.input_dim, cfg.d_model)
+            self.input_norm = torch.nn.BatchNorm1d(cfg.input_dim) if cfg.input_norm else None
         blocks = {}
         for index in range(first, first + per_stage):
             with seeded(cfg.seed * 1000 + 1 + index):
@@ -106,6 +108,8 @@ class ToyTransformerRegressor(SpeechModel):
         """This stage's forward: (B, T, input_dim) frames -> (B, T, d_model) or, on the last stage, predictions."""
         frames, _, lengths = batch
         pad_mask = torch.arange(frames.shape[1], device=frames.device)[None, :] >= lengths[:, None]  # (B, T)
+        if self.pre_process and self.input_norm is not None:
+            frames = self.input_norm(frames.transpose(1, 2)).transpose(1, 2)  # (B, T, C) -> (B, C, T) and back
         x = self.input_proj(frames) if self.pre_process else self._input_tensor
         for block in self.blocks.values():
             x = block(x, pad_mask)

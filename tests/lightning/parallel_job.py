@@ -23,6 +23,8 @@ class RecordLosses(pl.Callback):
         self.losses.append(float(outputs["loss"]))
 
     def on_train_end(self, trainer, pl_module):
+        # This rank's own normalisation statistics (before an archive or checkpoint averages them).
+        self.norm_stats = {n: b.clone() for n, b in pl_module.named_buffers() if n.endswith(("running_mean", "_var"))}
         # The parallel state is torn down with the trainer: read the ranks while it exists.
         self.ranks = {
             "tp_rank": parallel_state.tensor_parallel_rank(),
@@ -56,6 +58,7 @@ def main() -> None:
     parser.add_argument("--micro-batch-size", type=int, default=None)
     parser.add_argument("--accumulate", type=int, default=1, help="trainer.accumulate_grad_batches")
     parser.add_argument("--optimizer", default="adam", help="adam (the toy's default) or sgd")
+    parser.add_argument("--input-norm", action="store_true", help="a batch norm on the input frames")
     parser.add_argument("--precision", default="32")
     parser.add_argument("--ckpt-dir", help="save a checkpoint every --save-every steps here")
     parser.add_argument("--save-every", type=int, default=2)
@@ -109,6 +112,7 @@ def main() -> None:
         {
             "batch_size": args.global_batch // (dp * args.accumulate),
             "relative_positions": args.relative_positions,
+            "input_norm": args.input_norm,
             "optim": {"name": args.optimizer, "lr": 1e-2, "weight_decay": 0.0, "momentum": 0.0},
         }
     )  # layers built in configure_model
@@ -123,7 +127,7 @@ def main() -> None:
     optimizer = trainer.optimizers[0] if trainer.optimizers else None
     optimizer = type(getattr(optimizer, "mcore", optimizer)).__name__  # Megatron's class under the bridge
     record = {"losses": recorder.losses, "params": params, "optimizer": optimizer, "global_step": trainer.global_step,
-              **recorder.ranks}  # fmt: skip
+              "norm_stats": recorder.norm_stats, **recorder.ranks}  # fmt: skip
     if args.archive:
         model.save_to(args.archive)
     Path(args.out).mkdir(parents=True, exist_ok=True)

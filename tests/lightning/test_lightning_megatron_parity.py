@@ -119,6 +119,30 @@ def test_gradient_accumulation_over_two_batches_equals_one_batch_of_both(nproc, 
 
 
 @pytest.mark.multiprocess
+def test_batch_norm_statistics_in_the_archive_are_the_mean_over_data_parallel_ranks(tmp_path):
+    archive = tmp_path / "toy.stm"
+    out = run_job(tmp_path / "run", 2, "--input-norm", "--archive", str(archive), "--steps", "3")
+    records = [torch.load(p, weights_only=False) for p in sorted(out.glob("rank*.pt"))]
+    from speechtrain.core.archive import read_archive
+
+    stored = read_archive(archive).state_dict
+    for name in ("input_norm.running_mean", "input_norm.running_var"):
+        per_rank = [r["norm_stats"][name] for r in records]
+        assert not torch.allclose(per_rank[0], per_rank[1]), "the ranks saw different batches"
+        torch.testing.assert_close(stored[name], (per_rank[0] + per_rank[1]) / 2, rtol=1e-6, atol=1e-7)
+
+
+def test_sync_batchnorm_is_refused_with_the_reason():
+    from speechtrain.lightning import MegatronStrategy, Trainer
+    from speechtrain.testing.toy_models import ToyTransformerRegressor
+
+    trainer = Trainer(accelerator="cpu", devices=1, strategy=MegatronStrategy(), sync_batchnorm=True, max_steps=1,
+                      logger=False, enable_checkpointing=False, enable_progress_bar=False)  # fmt: skip
+    with pytest.raises(ValueError, match="sync_batchnorm=true is not supported.*data-parallel"):
+        trainer.fit(ToyTransformerRegressor({"input_norm": True}))
+
+
+@pytest.mark.multiprocess
 def test_two_nodes_on_localhost_match_single_process(reference, tmp_path):
     """torchrun --nnodes=2 on one machine, one process per "node", data parallel across nodes."""
     port = _free_port()

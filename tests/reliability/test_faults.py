@@ -186,6 +186,33 @@ def test_sigkill_mid_epoch_then_the_same_command_with_resume_ends_identical(tmp_
 
 
 @pytest.mark.multiprocess
+def test_dp2_with_dither_specaugment_and_dropout_killed_mid_epoch_resumes_bit_identical(tmp_path, dtmf_manifest,
+                                                                                          fault):  # fmt: skip
+    """Each data-parallel rank draws its own dither, SpecAugment masks and dropout: the checkpoint keeps every
+    rank's random streams (it used to restore rank 0's on every rank, and the runs diverged)."""
+    record = fault("SIGKILL mid-epoch at DP=2 with dither, SpecAugment and dropout")
+    every2 = "+exp_manager.checkpoint_callback_params.every_n_train_steps=2"
+    common = ["trainer.max_epochs=2", every2, "model.decoding.strategy=greedy", "trainer.accelerator=cpu",
+              "trainer.devices=2", "model.preprocessor.dither=1.0e-2", "model.spec_augment.freq_masks=1",
+              "model.spec_augment.time_masks=2", "model.encoder.dropout=0.2"]  # fmt: skip
+    straight, split = tmp_path / "straight", tmp_path / "split"
+    overrides = lambda folder: [o for o in example_overrides(folder, dtmf_manifest) if "dropout" not in o]  # noqa: E731
+    done = _run_job([*overrides(straight), *common], {})
+    assert done.returncode == 0, done.stderr[-3000:]
+    killed = _run_job([*overrides(split), *common], {"FAULT": "kill", "FAULT_STEP": "5", "FAULT_RANK": "0"})
+    assert killed.returncode == -signal.SIGKILL
+    (last,) = (run_folder(split) / "checkpoints").glob("*last.ckpt")
+    saved_step = checkpoint.load_checkpoint(last)["global_step"]
+    assert 3 < saved_step <= 5  # inside the second epoch (3 batches per rank and epoch)
+    resumed = _run_job([*overrides(split), *common, "exp_manager.resume_if_exists=true"], {})
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    expected, got = final_weights(straight), final_weights(split)
+    for key in expected:
+        torch.testing.assert_close(got[key], expected[key], rtol=0, atol=0)
+    record.survive(steps_lost=5 - saved_step)
+
+
+@pytest.mark.multiprocess
 @pytest.mark.parametrize("rank", [1, 0])
 def test_when_one_rank_raises_every_rank_exits_promptly_with_the_error_shown(tmp_path, dtmf_manifest, rank, fault):
     record = fault(f"exception on rank {rank} of 2 (DP)")
