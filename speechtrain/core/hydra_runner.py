@@ -23,6 +23,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from speechtrain.core.config import ConfigError, accepted_keywords, schema_field, unknown_key_message, validate_config
+from speechtrain.core.nemo_config import is_nemo_config, translate_nemo_config
 from speechtrain.lightning import CallbackGroup
 
 _OVERRIDE_KEY = re.compile(r"^(?P<prefix>~|\+\+|\+)?(?P<key>[\w.\-/@]+)")
@@ -124,6 +125,8 @@ def compose_config(
         except (HydraException, OmegaConfBaseException) as error:
             raise ConfigError(_explain_override_failure(config_name, overrides, error, schema)) from error
     if schema is not None:
+        if is_nemo_config(cfg):  # a NeMo training YAML: translated key by key, never imported
+            cfg = translate_nemo_config(cfg)
         cfg = validate_config(cfg, schema)
     return cfg
 
@@ -147,12 +150,12 @@ def hydra_runner(
 
         @functools.wraps(task)
         def wrapper(cfg: DictConfig | None = None) -> Any:
+            if not logging.getLogger().handlers:  # before composing: a NeMo YAML's translation is logged
+                logging.basicConfig(level=logging.INFO, format="[%(asctime)s %(levelname)s %(name)s] %(message)s")
             if cfg is None:
                 cfg = _config_from_argv(sys.argv[1:], script_dir, config_path, config_name, schema)
                 if cfg is None:
                     return None
-            if not logging.getLogger().handlers:
-                logging.basicConfig(level=logging.INFO, format="[%(asctime)s %(levelname)s %(name)s] %(message)s")
             group = CallbackGroup.get_instance()
             group.on_app_start()
             try:
