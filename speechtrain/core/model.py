@@ -111,7 +111,13 @@ def check_validation_schedule(trainer: Any, sampler: Any, has_validation: bool) 
     interval = trainer.val_check_interval
     if every_epochs is None:
         return  # an int interval counts steps across epochs
-    per_epoch = sampler.batches_per_epoch()
+    batches = trainer.max_steps * trainer.accumulate_grad_batches
+    limit = None
+    if trainer.max_steps > 0 and (isinstance(interval, int) or interval == 1.0):
+        # Counting past the run's last batch (or the interval) cannot change the verdict: a huge lazy manifest is
+        # not read to its end at start.
+        limit = max(batches, interval if isinstance(interval, int) else 0)
+    per_epoch = sampler.batches_per_epoch(limit)
     if isinstance(interval, int) and interval > per_epoch:
         raise ValueError(
             f"This run would never validate: trainer.val_check_interval={interval} batches, but an epoch has "
@@ -119,11 +125,12 @@ def check_validation_schedule(trainer: Any, sampler: Any, has_validation: bool) 
         )
     within = interval if isinstance(interval, int) else math.ceil(interval * per_epoch)
     first = (every_epochs - 1) * per_epoch + within
-    batches = trainer.max_steps * trainer.accumulate_grad_batches
+    capped = limit is not None and per_epoch > limit
+    size, at = (f"more than {limit}", f"after batch {limit}") if capped else (per_epoch, f"at batch {first}")
     if trainer.max_steps > 0 and batches < first:
         raise ValueError(
             f"This run would never validate: it stops after trainer.max_steps={trainer.max_steps} steps, before the "
-            f"first validation at batch {first} (an epoch has {per_epoch} batches). Set trainer.val_check_interval "
+            f"first validation {at} (an epoch has {size} batches). Set trainer.val_check_interval "
             "to a number of batches (e.g. trainer.val_check_interval=100 trainer.check_val_every_n_epoch=null)."
         )
 
