@@ -25,8 +25,8 @@ def main(cfg):
     pl.seed_everything(cfg.seed, verbose=False)
     trainer = Trainer(**OmegaConf.to_container(cfg.trainer, resolve=True))
     log_dir = exp_manager(trainer, cfg.exp_manager, name=cfg.name, job_config=cfg)
-    ensure_tokenizer(cfg.model.tokenizer, cfg.model.train_ds.manifest_filepath)
-    ensure_lm(cfg.model.decoding, cfg.model.train_ds.manifest_filepath)
+    ensure_tokenizer(cfg.model.tokenizer, cfg.model.train_ds)  # from its manifests or cuts, when none is given
+    ensure_lm(cfg.model.decoding, cfg.model.train_ds)
     model = ConformerCTCModel(cfg.model)
     if cfg.init_from.path:
         model.init_from_pretrained(cfg.init_from.path, cfg.init_from.include, cfg.init_from.exclude)

@@ -34,6 +34,7 @@ from omegaconf import OmegaConf
 
 from speechtrain.asr import metrics
 from speechtrain.asr.decoding import STRATEGIES
+from speechtrain.asr.metrics import WerConfig
 from speechtrain.core.config import ConfigError, validate_config
 from speechtrain.core.model import SpeechModel
 from speechtrain.data.augment import resample
@@ -62,6 +63,8 @@ class TranscribeConfig:
         precision: ``32``, or ``bf16`` (autocast).
         decoding: ``greedy`` or ``beam``; None: the model's ``decoding.strategy``.
         lm_path, beam_size, lm_weight, word_score: beam-search settings (None: the model's).
+        wer: normalisation before WER/CER (``wer.lowercase=true wer.remove_punctuation=true wer.numbers=true``);
+            None: the model's ``wer`` config. The choice is printed with the WER.
     """
 
     model_path: str | None = None
@@ -76,6 +79,7 @@ class TranscribeConfig:
     beam_size: int | None = None
     lm_weight: float | None = None
     word_score: float | None = None
+    wer: WerConfig | None = None
 
     def decoding_overrides(self) -> dict[str, Any]:
         """The ``model.decoding`` keys this run sets."""
@@ -284,8 +288,11 @@ def transcribe_paths(
 
 
 # ---------------------------------------------------------------------------------------------------------- CLI
-def summarize(rows: Sequence[Mapping[str, Any]], seconds: float) -> list[str]:
-    """Report lines: counts, audio seconds and RTFx, WER (and CER) against ``text`` where present, skipped inputs."""
+def summarize(
+    rows: Sequence[Mapping[str, Any]], seconds: float, normalizer: metrics.TextNormalizer | None = None
+) -> list[str]:
+    """Report lines: counts, audio seconds and RTFx, WER (and CER) against ``text`` where present (both normalised
+    by ``normalizer``), skipped inputs."""
     done = [r for r in rows if r.get("pred_text") is not None]
     audio_seconds = sum(float(r.get("duration", 0.0)) for r in done)
     rtfx = audio_seconds / seconds if seconds > 0 else math.inf
@@ -295,11 +302,13 @@ def summarize(rows: Sequence[Mapping[str, Any]], seconds: float) -> list[str]:
     ]
     scored = [r for r in done if isinstance(r.get("text"), str)]
     if scored:
-        hyps, refs = [r["pred_text"] for r in scored], [r["text"] for r in scored]
+        norm = normalizer or metrics.TextNormalizer()
+        hyps, refs = [norm(r["pred_text"]) for r in scored], [norm(r["text"]) for r in scored]
         errors, words = metrics.word_errors(hyps, refs)
         line = f"WER {100.0 * errors / max(words, 1):.2f}% ({errors} errors / {words} words, {len(scored)} utterances)"
         errors, chars = metrics.char_errors(hyps, refs)
-        line += f", CER {100.0 * errors / max(chars, 1):.2f}% ({errors} errors / {chars} characters)"
+        line += f", CER {100.0 * errors / max(chars, 1):.2f}% ({errors} errors / {chars} characters); transcripts "
+        line += norm.describe()
         lines.append(line)
     failed = [r for r in rows if r.get("error")]
     if failed:
@@ -349,7 +358,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         if not Path(cfg.model_path).is_file():
             raise FileNotFoundError(f"model_path={cfg.model_path}: no such file.")
         rows = collect_inputs(cfg.audio)
-    except (ConfigError, ValueError, FileNotFoundError) as e:
+        if cfg.wer is not None:
+            metrics.TextNormalizer(cfg.wer)  # a bad choice stops here, before any work
+    except (ConfigError, ValueError, FileNotFoundError, ImportError) as e:
         sys.exit(f"error: {e}")
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     device = ("cuda" if torch.cuda.is_available() else "cpu") if cfg.device == "auto" else cfg.device
@@ -367,7 +378,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     output.parent.mkdir(parents=True, exist_ok=True)
     with open(output, "w", encoding="utf-8") as f:
         f.writelines(json.dumps(row, ensure_ascii=False) + "\n" for row in rows)
-    for line in summarize(rows, seconds):
+    wer_cfg = cfg.wer if cfg.wer is not None else model.cfg.get("wer")
+    normalizer = metrics.TextNormalizer(OmegaConf.to_container(wer_cfg) if OmegaConf.is_config(wer_cfg) else wer_cfg)
+    for line in summarize(rows, seconds, normalizer):
         print(line)
     print(f"Wrote {len(rows)} rows to {output} (device {device}, precision {cfg.precision}).")
     if not any(r["pred_text"] is not None for r in rows):
