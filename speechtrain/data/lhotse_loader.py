@@ -218,11 +218,8 @@ def _filtered(cuts: Any, cfg: LoaderConfig, tokenizer: Any) -> Any:
     keep = _CutFilter(cfg, tokenizer)
     if not keep.active:
         return cuts
-    filtered = cuts.filter(keep)
-    if not cuts.is_lazy:
-        dropped = ", ".join(f"{reason}={count}" for reason, count in sorted(keep.dropped.items())) or "none"
-        logger.info("dataset filters kept %d of %d utterances (dropped: %s)", len(filtered), len(cuts), dropped)
-    return filtered
+    # Lazy: what the filters drop is known once a pass has read the data (ResumableSampler logs it then).
+    return cuts.filter(keep)
 
 
 def read_tarred_cuts(
@@ -293,12 +290,22 @@ class _CutFilter:
         self.tokenizer = tokenizer
         self.active = any(v is not None for v in (self.min_duration, self.max_duration, self.min_tps, self.max_tps))
         self.dropped: dict[str, int] = {}
+        self.seen = 0
 
     def _drop(self, reason: str) -> bool:
         self.dropped[reason] = self.dropped.get(reason, 0) + 1
         return False
 
+    def report(self) -> str:
+        """``kept K of N utterances (dropped: reason=count, ...)`` since the last :meth:`reset`."""
+        dropped = ", ".join(f"{reason}={count}" for reason, count in sorted(self.dropped.items())) or "none"
+        return f"kept {self.seen - sum(self.dropped.values())} of {self.seen} utterances (dropped: {dropped})"
+
+    def reset(self) -> None:
+        self.dropped, self.seen = {}, 0
+
     def __call__(self, cut: Any) -> bool:
+        self.seen += 1
         if self.min_duration is not None and cut.duration < self.min_duration:
             return self._drop("too_short")
         if self.max_duration is not None and cut.duration > self.max_duration:
@@ -402,6 +409,8 @@ class ResumableSampler:
         self.epoch = 0
         self._resume: tuple[int, int] | None = None
         self._counts: dict[int, int] = {}
+        predicate = getattr(getattr(getattr(sampler, "cuts", [None])[0], "data", None), "predicate", None)
+        self._filter = predicate if isinstance(predicate, _CutFilter) else None
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
@@ -439,11 +448,15 @@ class ResumableSampler:
             self._resume = None
             for _ in range(skip):
                 next(batches, None)
+        if self._filter is not None:
+            self._filter.reset()
         # Not ``yield from``: a lhotse sampler is its own iterator and would restart its pass on iter().
         while True:
             try:
                 yield CutBatch(next(batches), self.epoch)
             except StopIteration:
+                if self._filter is not None:
+                    logger.info("epoch %d: dataset filters %s", self.epoch, self._filter.report())
                 return
 
 
