@@ -201,8 +201,8 @@ def read_cuts(cfg: LoaderConfig, tokenizer: Any = None) -> Any:
     ``tokenizer``). NeMo tarred data is read by :func:`read_tarred_cuts` instead (it is split by rank)."""
     from lhotse import CutSet
 
-    if cfg.is_tarred:
-        raise ValueError("is_tarred: true data is read per data-parallel rank: use read_tarred_cuts.")
+    if cfg.is_tarred or _names_tarred(cfg.input_cfg):
+        raise ValueError("NeMo tarred data is read per data-parallel rank: use read_tarred_cuts.")
     parts = [cuts_from_nemo_manifest(p, cfg.sample_rate) for p in _as_list(cfg.manifest_filepath)]
     parts += [cuts_from_lhotse_manifest(p) for p in _as_list(cfg.cuts_path)]
     if cfg.shar_path:
@@ -229,8 +229,9 @@ def read_tarred_cuts(
     and the tarred readers behind it.
 
     ``tarred_audio_filepaths`` and ``manifest_filepath`` are brace patterns or lists of them (one dataset), or
-    lists of lists of them (several datasets, blended in proportion to their shard counts). See
-    :mod:`speechtrain.data.nemo_adapters` for the sharding.
+    lists of lists of them (several datasets, blended in proportion to their shard counts). Or ``input_cfg`` lists
+    ``{type: nemo_tarred, manifest_filepath, tarred_audio_filepaths, weight, tags}`` sources (and groups of them),
+    blended by weight. See :mod:`speechtrain.data.nemo_adapters` for the sharding.
     """
     from lhotse import CutSet
 
@@ -244,6 +245,35 @@ def read_tarred_cuts(
         readers.append(reader)
         return CutSet(reader)
 
+    def blend(entries: list[Any], where: str) -> Any:
+        parts, weights = [], []
+        for index, entry in enumerate(entries):
+            entry, at = dict(entry), f"{where}[{index}]"
+            kind = entry.get("type", "nemo")
+            if kind == "group":
+                part = blend(entry.get("input_cfg") or [], f"{at}.input_cfg")
+            elif kind == "nemo_tarred":
+                allowed = {"type", "weight", "tags", "manifest_filepath", "tarred_audio_filepaths"}
+                unknown = sorted(set(entry) - allowed)
+                if unknown:
+                    raise ValueError(f"{at}: unknown key(s) {unknown} for a 'nemo_tarred' source; allowed: "
+                                     f"{sorted(allowed)}.")  # fmt: skip
+                part = dataset(entry.get("manifest_filepath"), entry.get("tarred_audio_filepaths"), f"{at}.")
+            else:
+                raise ValueError(
+                    f"{at}.type={kind!r}: a blend with nemo_tarred sources holds only nemo_tarred sources (and groups "
+                    "of them): each rank reads its own shards, and other sources would be read whole by every rank."
+                )
+            if entry.get("tags"):
+                part = part.map(functools.partial(_with_tags, tags=dict(entry["tags"])))
+            parts.append(part)
+            weights.append(float(entry.get("weight", 1.0)))
+        if not parts:
+            raise ValueError(f"{where} is empty.")
+        return parts[0] if len(parts) == 1 else CutSet.mux(*parts, weights=weights, seed=cfg.seed)
+
+    if cfg.input_cfg:
+        return _filtered(blend(list(cfg.input_cfg), "input_cfg"), cfg, tokenizer), readers
     tars, manifests = cfg.tarred_audio_filepaths, cfg.manifest_filepath
     if not tars or not manifests:
         raise ValueError("is_tarred: true needs tarred_audio_filepaths and manifest_filepath.")
@@ -259,6 +289,17 @@ def read_tarred_cuts(
     else:
         cuts = dataset(manifests, tars, "")
     return _filtered(cuts, cfg, tokenizer), readers
+
+
+def _names_tarred(entries: Any) -> bool:
+    """Whether an ``input_cfg`` list names a ``nemo_tarred`` source (at any depth)."""
+    for entry in entries or []:
+        entry = dict(entry)
+        if entry.get("type") == "nemo_tarred" or (
+            entry.get("type") == "group" and _names_tarred(entry.get("input_cfg"))
+        ):
+            return True
+    return False
 
 
 def _metadata_duration_bins(readers: list[LazyNeMoTarredIterator], cfg: LoaderConfig) -> list[float]:
@@ -541,7 +582,7 @@ def get_lhotse_dataloader_from_config(
     if not isinstance(cfg, LoaderConfig):
         cfg = loader_config(cfg)
     tokenizer = getattr(dataset, "tokenizer", None)
-    if cfg.is_tarred:
+    if cfg.is_tarred or _names_tarred(cfg.input_cfg):
         stream, readers = read_tarred_cuts(cfg, dp_rank, dp_world_size, tokenizer)
         if cfg.use_bucketing and cfg.bucket_duration_bins is None and cfg.bucket_batch_size is None:
             cfg = dataclasses.replace(cfg, bucket_duration_bins=_metadata_duration_bins(readers, cfg))

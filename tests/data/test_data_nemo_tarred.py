@@ -90,6 +90,17 @@ def test_one_manifest_with_shard_ids_and_lists_of_lists_blend(corpus, tmp_path):
     ids = [i for batch in loader for i in batch["ids"]]
     second = [i for i in ids if i.split("-")[2] in ("4", "5")]  # member names are <stem>-<shard>-<index>
     assert len(ids) == 48 and 8 <= len(second) <= 24, "two datasets mixed 4:2, by their shard counts"
+    first = {"type": "nemo_tarred", "manifest_filepath": manifests[:4], "tarred_audio_filepaths": tars[:4]}
+    second = {"type": "nemo_tarred", "manifest_filepath": manifests[4:], "tarred_audio_filepaths": tars[4:],
+              "tags": {"lang": "xx"}}  # fmt: skip
+    blend = [{**first, "weight": 1.0}, {"type": "group", "input_cfg": [second], "weight": 3.0}]
+    cfg = LoaderConfig(input_cfg=blend, batch_size=4, use_bucketing=False, shuffle=False)
+    loader = get_lhotse_dataloader_from_config(cfg, 0, 1, AsrCutDataset(TOKENIZER), epoch_batches=12)
+    second = [i for batch in loader for i in batch["ids"] if i.split("-")[2] in ("4", "5")]
+    assert len(second) >= 30, "input_cfg weights 1:3"
+    with pytest.raises(ValueError, match=r"input_cfg\[1\].type='nemo': a blend with nemo_tarred sources"):
+        get_lhotse_dataloader_from_config(LoaderConfig(input_cfg=[blend[0], {"manifest_filepath": "x.json"}],
+                                                       batch_size=4), 0, 1, AsrCutDataset(TOKENIZER))  # fmt: skip
 
 
 def test_tarred_loader_epochs_continue_the_stream_and_resume_mid_epoch(corpus):
