@@ -282,8 +282,9 @@ def transcribe_paths(
         with autocast:
             for i in chunked:
                 _transcribe_long(model, rows[readable[i]], chunk_len or durations[i], chunk_overlap, timestamps)
-        readable = [r for j, r in enumerate(readable) if j not in set(chunked)]
-        durations = [d for j, d in enumerate(durations) if j not in set(chunked)]
+        done = set(chunked)
+        readable = [r for j, r in enumerate(readable) if j not in done]
+        durations = [d for j, d in enumerate(durations) if j not in done]
     elif timestamps:
         raise ValueError(f"timestamps=true needs a CTC model; {type(model).__name__} is not one.")
     batches = plan_batches(durations, batch_duration, batch_size)
