@@ -521,7 +521,7 @@ class StreamSampler:
         self.epoch = 0
         self._stream: Any = None
         self._position = 0  # batches drawn from the stream so far
-        self._start: int | None = None  # where a resumed run's epoch starts in the stream
+        self._resume: tuple[int, int] | None = None  # (epoch, batches already trained) of a resumed run
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
@@ -535,16 +535,20 @@ class StreamSampler:
         return self.epoch_batches
 
     def resume(self, epoch: int, batches_done: int) -> None:
-        """Continue from a checkpoint taken after ``batches_done`` batches of ``epoch``."""
+        """Continue from a checkpoint taken after ``batches_done`` batches of ``epoch``: the next pass over that
+        epoch skips them (if Lightning moves on to another epoch instead, that epoch starts at its own place)."""
         if self.epoch_batches is not None and batches_done >= self.epoch_batches:
             epoch, batches_done = epoch + 1, 0
         self.set_epoch(epoch)
-        self._start = epoch * (self.epoch_batches or 0) + batches_done
+        self._resume = (epoch, batches_done)
 
     def __iter__(self) -> Any:
         start = self.epoch * (self.epoch_batches or 0)
-        if self._start is not None:
-            start, self._start = self._start, None
+        if self._resume is not None:
+            epoch, done = self._resume
+            self._resume = None
+            if epoch == self.epoch:
+                start += done
         if self._stream is None or self._position > start:
             self._stream, self._position = iter(self.sampler), 0
         for _ in range(start - self._position):

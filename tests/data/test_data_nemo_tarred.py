@@ -147,3 +147,26 @@ def test_manifests_are_read_lazily(corpus, tmp_path):
     with pytest.raises(ManifestError, match="bad.json:4: invalid JSON"):
         list(read_cuts(LoaderConfig(manifest_filepath=str(bad))))
     assert torch.is_tensor(batch["audio_lens"])
+
+
+def test_a_tarred_training_run_stopped_mid_epoch_resumes_to_the_same_weights(corpus, tmp_path):
+    from conftest import example_job, example_main, final_weights
+
+    def spelled(pattern):  # NeMo's command-line spelling of braces
+        return pattern.replace("{", "_OP_").replace("}", "_CL_")
+
+    common = ["model.train_ds.is_tarred=true", f"model.train_ds.manifest_filepath={spelled(corpus['manifests'])}",
+              f"model.train_ds.tarred_audio_filepaths={spelled(corpus['tars'])}", "+trainer.limit_train_batches=3",
+              "trainer.max_time=null", "model.optim.sched.name=constant", "model.decoding.strategy=greedy",
+              "+exp_manager.checkpoint_callback_params.every_n_train_steps=5",
+              "trainer.limit_val_batches=1"]  # fmt: skip
+    main, manifest = example_main(), corpus["manifest"]
+    main(example_job(tmp_path / "straight", manifest, *common, "trainer.max_steps=8"))
+    # Stops after batch 2 of epoch 1; its checkpoint at step 5 is mid-epoch (as after a crash or preemption).
+    main(example_job(tmp_path / "split", manifest, *common, "trainer.max_steps=5"))
+    main(
+        example_job(tmp_path / "split", manifest, *common, "trainer.max_steps=8", "exp_manager.resume_if_exists=true")
+    )
+    expected, resumed = final_weights(tmp_path / "straight"), final_weights(tmp_path / "split")
+    for key in expected:
+        torch.testing.assert_close(resumed[key], expected[key], rtol=0, atol=0, msg=lambda m, key=key: f"{key}: {m}")
