@@ -112,12 +112,20 @@ def check_validation_schedule(trainer: Any, sampler: Any, has_validation: bool) 
     if every_epochs is None:
         return  # an int interval counts steps across epochs
     batches = trainer.max_steps * trainer.accumulate_grad_batches
+    limit_train = getattr(trainer, "limit_train_batches", 1.0)  # Lightning cuts its epochs short at this
+    fraction = not isinstance(limit_train, int) and limit_train < 1.0
     limit = None
-    if trainer.max_steps > 0 and (isinstance(interval, int) or interval == 1.0):
+    if trainer.max_steps > 0 and (isinstance(interval, int) or interval == 1.0) and not fraction:
         # Counting past the run's last batch (or the interval) cannot change the verdict: a huge lazy manifest is
         # not read to its end at start.
         limit = max(batches, interval if isinstance(interval, int) else 0)
+    if isinstance(limit_train, int):
+        limit = limit_train if limit is None else min(limit, limit_train)
     per_epoch = sampler.batches_per_epoch(limit)
+    if isinstance(limit_train, int):
+        per_epoch = min(per_epoch, limit_train)
+    elif fraction:
+        per_epoch = int(per_epoch * limit_train)
     if isinstance(interval, int) and interval > per_epoch:
         raise ValueError(
             f"This run would never validate: trainer.val_check_interval={interval} batches, but an epoch has "

@@ -135,6 +135,11 @@ def test_a_run_that_would_never_validate_fails_at_start():
         check_validation_schedule(steps, _Sampler(), True)
     steps.check_val_every_n_epoch = None
     check_validation_schedule(steps, _Sampler(), True)
+    short = _Trainer()  # epochs cut to 4 batches by limit_train_batches validate after batch 4
+    short.limit_train_batches = 4
+    check_validation_schedule(short, _Sampler(), True)
+    short.limit_train_batches = 0.3  # 3 of the 10 batches
+    check_validation_schedule(short, _Sampler(), True)
     epochs = _Trainer()
     epochs.max_steps, epochs.max_epochs, epochs.check_val_every_n_epoch = -1, 2, 3
     with pytest.raises(ValueError, match="check_val_every_n_epoch=3 but trainer.max_epochs=2"):
