@@ -39,9 +39,9 @@ def finetune_model(
     cfg = OmegaConf.merge(OmegaConf.create(to_plain(base.cfg)), OmegaConf.create(overrides))
     if new_tokenizer and not tokenizer.get("path") and not tokenizer.get("vocab"):
         cfg.tokenizer.path, cfg.tokenizer.vocab = None, None
-        ensure_tokenizer(cfg.tokenizer, cfg.train_ds.manifest_filepath)
+        ensure_tokenizer(cfg.tokenizer, cfg.train_ds)
     if "lm_path" in dict(overrides.get("decoding") or {}):
-        ensure_lm(cfg.decoding, cfg.train_ds.manifest_filepath)
+        ensure_lm(cfg.decoding, cfg.train_ds)
     model = type(base)(cfg)
     exclude = list(exclude or [])
     if new_tokenizer or model.tokenizer.vocab_size != base.tokenizer.vocab_size:

@@ -31,8 +31,8 @@ SCHEMA = train_job_schema(asr_config_class(sys.argv[1:], Path(__file__).parent /
 def main(cfg):
     start = time.perf_counter()
     pl.seed_everything(cfg.seed, verbose=False)
-    ensure_tokenizer(cfg.model.tokenizer, cfg.model.train_ds.manifest_filepath)
-    ensure_lm(cfg.model.decoding, cfg.model.train_ds.manifest_filepath)
+    ensure_tokenizer(cfg.model.tokenizer, cfg.model.train_ds)  # from its manifests or cuts, when none is given
+    ensure_lm(cfg.model.decoding, cfg.model.train_ds)
     trainer = Trainer(**OmegaConf.to_container(cfg.trainer, resolve=True))
     log_dir = exp_manager(trainer, cfg.exp_manager, name=cfg.name, job_config=cfg)
     model = asr_model_class(cfg.model)(cfg.model)

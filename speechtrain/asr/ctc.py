@@ -7,6 +7,7 @@ and the Megatron bridge's step contract. Subclasses build the encoder in :meth:`
 :class:`ConformerCTCModel` is the Conformer / FastConformer recogniser.
 """
 
+import dataclasses
 import logging
 import time
 from dataclasses import dataclass, field, fields
@@ -31,7 +32,7 @@ from speechtrain.asr.features import PreprocessorConfig, build_preprocessor
 from speechtrain.asr.spec_augment import SpecAugment, SpecAugmentConfig
 from speechtrain.common.batch import NoUsableDataError, is_empty_batch, no_usable_data_message
 from speechtrain.common.config import ConfigError
-from speechtrain.common.metrics import edit_distance, error_rate, format_rate
+from speechtrain.common.metrics import TextNormalizer, WerConfig, edit_distance, error_rate, format_rate
 from speechtrain.common.tokenizers import CharTokenizer, load_tokenizer
 from speechtrain.core.exp_manager import print_final
 from speechtrain.core.model import SpeechModel
@@ -70,83 +71,113 @@ def resolve_manifest(name: Any) -> str:
     return str(resolve(name))
 
 
-def _training_texts(train_manifest: Any, what: str, *params: Any) -> tuple[list[Path], str]:
-    """The resolved training manifests and a cache key of (their paths and sizes, ``params``)."""
+def _flat(value: Any) -> list[str]:
+    if value is None:
+        return []
+    if isinstance(value, str | Path):
+        return [str(value)]
+    return [item for v in value for item in _flat(v)]
+
+
+def _training_texts(train_data: Any, what: str, *params: Any) -> tuple[list[tuple[str, Path]], str]:
+    """The transcript files of the training data and a cache key of (their paths and sizes, ``params``).
+
+    ``train_data``: a manifest path (or list of them, ``builtin:`` names included), or a dataset config whose
+    ``manifest_filepath`` (NeMo manifests; brace patterns for tarred data) and ``cuts_path`` (lhotse cuts) are read.
+    """
     import hashlib
 
-    if not train_manifest:
-        raise ValueError(f"model.train_ds.manifest_filepath is not set: there is no training text to fit {what} on.")
-    manifests = [train_manifest] if isinstance(train_manifest, str) else list(train_manifest)
-    paths = [Path(resolve_manifest(m)).resolve() for m in manifests]
-    for name, path in zip(manifests, paths):
+    from speechtrain.data.nemo_adapters import expand_paths
+
+    manifests, cuts, tarred = train_data, None, False
+    if train_data is not None and not isinstance(train_data, str | Path) and hasattr(train_data, "manifest_filepath"):
+        manifests, cuts = train_data.manifest_filepath, getattr(train_data, "cuts_path", None)
+        tarred = bool(getattr(train_data, "is_tarred", False))
+    files = [("nemo", Path(p if tarred else resolve_manifest(p)).resolve())
+             for m in _flat(manifests) for p in (expand_paths(m, "manifest_filepath") if tarred else [m])]  # fmt: skip
+    files += [("cuts", Path(c).resolve()) for c in _flat(cuts)]
+    if not files:
+        raise ValueError(f"There is no train_ds.manifest_filepath or cuts_path to train {what} on.")
+    for _, path in files:
         if not path.is_file():
-            raise FileNotFoundError(f"model.train_ds.manifest_filepath={name}: no such file ({path}).")
-    key = hashlib.sha256(repr([(str(p), p.stat().st_size, *params) for p in paths]).encode()).hexdigest()[:12]
-    return paths, key
+            raise FileNotFoundError(f"training transcripts for {what}: no such file {path}")
+    key = hashlib.sha256(repr([(str(p), p.stat().st_size, *params) for _, p in files]).encode()).hexdigest()[:12]
+    return files, key
 
 
-def ensure_tokenizer(tokenizer_cfg: Any, train_manifest: Any) -> None:
-    """Fill in ``tokenizer_cfg.path`` with a sentencepiece model trained on ``train_manifest``'s transcripts when the
-    config names no tokenizer. Trained once per (manifest, type, size), under the datasets cache, by global rank 0
-    while the other ranks of the launch wait for the file
+def _transcripts(files: list[tuple[str, Path]]) -> Any:
+    """The transcripts of ``files``, one at a time (manifests and cuts are never held in memory whole)."""
+    from lhotse import CutSet
+
+    from speechtrain.data.manifest import iter_nemo_manifest
+
+    for kind, path in files:
+        if kind == "nemo":
+            yield from (r["text"] for r in iter_nemo_manifest(path))
+        else:
+            yield from (" ".join(s.text or "" for s in cut.supervisions) for cut in CutSet.from_jsonl_lazy(path))
+
+
+def ensure_tokenizer(tokenizer_cfg: Any, train_data: Any) -> None:
+    """Fill in ``tokenizer_cfg.path`` with a sentencepiece model trained on the transcripts of ``train_data`` (see
+    :func:`_training_texts`) when the config names no tokenizer. Trained once per (data, type, size), under the
+    datasets cache, by global rank 0 while the other ranks of the launch wait for the file
     (:func:`~speechtrain.lightning.launch.build_on_rank_zero`)."""
     import os
     import tempfile
 
     from speechtrain.common.tokenizers import train_sentencepiece
-    from speechtrain.data.manifest import read_nemo_manifest
     from speechtrain.lightning import settings
 
     if getattr(tokenizer_cfg, "path", None) or getattr(tokenizer_cfg, "vocab", None):
         return
-    paths, key = _training_texts(train_manifest, "a tokenizer", tokenizer_cfg.type, tokenizer_cfg.vocab_size)
+    files, key = _training_texts(train_data, "a tokenizer", tokenizer_cfg.type, tokenizer_cfg.vocab_size)
     folder = (
         settings.SPEECHTRAIN_DATASETS_CACHE / "tokenizers" / f"{tokenizer_cfg.type}{tokenizer_cfg.vocab_size}-{key}"
     )
     model = folder / "tokenizer.model"
 
     def build() -> None:
-        texts = [r["text"] for p in paths for r in read_nemo_manifest(p)]
         folder.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=folder) as tmp:
-            train_sentencepiece(texts, tmp, vocab_size=tokenizer_cfg.vocab_size, model_type=tokenizer_cfg.type)
+            train_sentencepiece(_transcripts(files), tmp, vocab_size=tokenizer_cfg.vocab_size,
+                                model_type=tokenizer_cfg.type)  # fmt: skip
             for name in ("tokenizer.vocab", "tokenizer.model"):  # the model last: its presence means done
                 os.replace(Path(tmp) / name, folder / name)
         logger.info("Trained a %s tokenizer of %d pieces on %s: %s", tokenizer_cfg.type, tokenizer_cfg.vocab_size,
-                    ", ".join(map(str, paths)), model)  # fmt: skip
+                    ", ".join(str(p) for _, p in files), model)  # fmt: skip
 
     build_on_rank_zero(model, build, "the tokenizer")
     tokenizer_cfg.path = str(model)
 
 
-def ensure_lm(decoding_cfg: Any, train_manifest: Any) -> None:
+def ensure_lm(decoding_cfg: Any, train_data: Any) -> None:
     """Fill in ``decoding_cfg.lm_path`` with a word n-gram LM (:mod:`speechtrain.asr.ngram`) of order
-    ``lm_order`` fitted on ``train_manifest``'s transcripts, when the config asks for beam search and names no LM.
-    Fitted once per (manifest, order), under the datasets cache (seconds for the built-in corpus), by global rank 0
-    while the other ranks wait for the file."""
+    ``lm_order`` fitted on the transcripts of ``train_data`` (see :func:`_training_texts`), when the config asks
+    for beam search and names no LM. Fitted once per (data, order), under the datasets cache (seconds for the
+    built-in corpus), by global rank 0 while the other ranks wait for the file."""
     import os
     import tempfile
 
     from speechtrain.asr.ngram import NgramLM
-    from speechtrain.data.manifest import read_nemo_manifest
     from speechtrain.lightning import settings
 
     if decoding_cfg.strategy != "beam" or decoding_cfg.lm_path or decoding_cfg.lm_order <= 0:
         return
-    paths, key = _training_texts(train_manifest, "an n-gram LM", decoding_cfg.lm_order)
+    files, key = _training_texts(train_data, "an n-gram LM", decoding_cfg.lm_order)
     folder = settings.SPEECHTRAIN_DATASETS_CACHE / "lms" / f"{decoding_cfg.lm_order}gram-{key}"
     lm_path = folder / "lm.arpa"
 
     def build() -> None:
         start = time.perf_counter()
-        lm = NgramLM.fit((r["text"] for p in paths for r in read_nemo_manifest(p)), order=decoding_cfg.lm_order)
+        lm = NgramLM.fit(_transcripts(files), order=decoding_cfg.lm_order)
         folder.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=folder) as tmp:
             lm.write_arpa(Path(tmp) / "lm.arpa")
             os.replace(Path(tmp) / "lm.arpa", lm_path)
         seconds = time.perf_counter() - start
         logger.info("Fitted a %d-gram word LM (%d words) on %s in %.1f s: %s", decoding_cfg.lm_order,
-                    len(lm.probs[0]) - 3, ", ".join(map(str, paths)), seconds, lm_path)  # fmt: skip
+                    len(lm.probs[0]) - 3, ", ".join(str(p) for _, p in files), seconds, lm_path)  # fmt: skip
 
     build_on_rank_zero(lm_path, build, "the n-gram LM")
     decoding_cfg.lm_path = str(lm_path)
@@ -165,7 +196,9 @@ def fit_and_report(trainer: Any, model: "CTCModel", log_dir: Any, start: float) 
         shown = ", ".join(
             f"{k}={format_rate(float(v))}" for k, v in sorted(metrics.items()) if "wer" in k or "cer" in k
         )
-        line = f"Final: {shown} | {time.perf_counter() - start:.0f} s wall | run folder {log_dir}"
+        normalised = model.text_normalizer.describe()
+        seconds = time.perf_counter() - start
+        line = f"Final: {shown} (transcripts {normalised}) | {seconds:.0f} s wall | run folder {log_dir}"
         print_final(line)
 
 
@@ -188,8 +221,8 @@ def restore_for_finetuning(path: str | Path) -> SpeechModel:
             f"config.yaml, which is not at {config}. Pass the run's model archive (<run folder>/<name>.stm) instead."
         )
     job = OmegaConf.load(config)
-    ensure_tokenizer(job.model.tokenizer, job.model.train_ds.manifest_filepath)
-    ensure_lm(job.model.decoding, job.model.train_ds.manifest_filepath)
+    ensure_tokenizer(job.model.tokenizer, job.model.train_ds)
+    ensure_lm(job.model.decoding, job.model.train_ds)
     from speechtrain.asr.transducer import asr_model_class  # (transducer.py builds on this module)
 
     model = asr_model_class(job.model)(job.model)
@@ -235,6 +268,9 @@ class CTCModel(SpeechModel):
         if cfg.decoding.lm_path:
             self.register_artifact("decoding.lm_path", cfg.decoding.lm_path)
         self._beam: BeamSearchDecoder | None = None
+        # WER/CER normalisation (model.wer): recorded in the config, logged at the first validation.
+        self.text_normalizer = TextNormalizer(OmegaConf.to_container(cfg.wer) if cfg.get("wer") else None)
+        self._normalization_logged = False
         self._val_strategy = "greedy"
         # The base of every weight's initialisation stream: drawn once from the seeded global stream, so it is
         # the same on every rank and the same for every parallel layout.
@@ -363,6 +399,11 @@ class CTCModel(SpeechModel):
         trainer = self._trainer
         fitting = trainer is not None and trainer.state.fn == "fit"
         self._val_strategy = "greedy" if fitting else self.cfg.decoding.strategy
+        if not self._normalization_logged:
+            logger.info(
+                "WER/CER are counted on transcripts normalised as: %s (model.wer)", self.text_normalizer.describe()
+            )
+            self._normalization_logged = True
 
     def validation_step(self, batch: dict[str, Any] | None, batch_idx: int, dataloader_idx: int = 0) -> None:
         self._val_skips.setdefault(dataloader_idx, SkipTally()).add_batch(batch)
@@ -371,9 +412,12 @@ class CTCModel(SpeechModel):
             self._add_val_sums(dataloader_idx, torch.zeros(VAL_SUMS, dtype=torch.float64), skipped)
             return
         log_probs, lengths = self(batch["audio"], batch["audio_lens"])
-        greedy = self.greedy_decode(log_probs, lengths)
-        hyps = greedy if self._val_strategy == "greedy" else self.decode(log_probs, lengths, self._val_strategy)
-        refs = [self.tokenizer.decode(t[:n].tolist()) for t, n in zip(batch["tokens"], batch["token_lens"])]
+        norm = self.text_normalizer
+        greedy = [norm(t) for t in self.greedy_decode(log_probs, lengths)]
+        hyps = greedy
+        if self._val_strategy != "greedy":
+            hyps = [norm(t) for t in self.decode(log_probs, lengths, self._val_strategy)]
+        refs = [norm(self.tokenizer.decode(t[:n].tolist())) for t, n in zip(batch["tokens"], batch["token_lens"])]
 
         def errors(texts: list[str]) -> tuple[int, int]:
             return (sum(edit_distance(h.split(), r.split()) for h, r in zip(texts, refs)),
@@ -434,31 +478,61 @@ class CTCModel(SpeechModel):
     # ------------------------------------------------------------------------------------------------ data
     def setup_data(self, stage: str) -> None:
         if stage == "fit":
-            self._train_loader = self._build_loader(self.cfg.train_ds, self.cfg.train_ds.manifest_filepath, "train_ds")
+            self._train_loader = self._build_loader(self.cfg.train_ds, train=True)
         if stage in ("fit", "validate"):
-            manifests = self.cfg.validation_ds.manifest_filepath
-            manifests = [] if not manifests else [manifests] if isinstance(manifests, str) else list(manifests)
-            self._val_loaders = [self._build_loader(self.cfg.validation_ds, m, "validation_ds") for m in manifests]
-            self._val_names = [validation_set_name(str(m)) for m in manifests]
+            sets = self._validation_sets()
+            self._val_loaders = [self._build_loader(cfg) for _, cfg in sets]
+            self._val_names = [name for name, _ in sets]
 
-    def _build_loader(self, ds_cfg: Any, manifests: Any, key: str) -> DataLoader | None:
-        if not manifests:
+    def _validation_sets(self) -> list[tuple[str, LoaderConfig]]:
+        """(name, loader config) of each validation set: one per manifest and per cuts file of ``validation_ds``."""
+        cfg = loader_config(OmegaConf.to_object(self.cfg.validation_ds))
+        if cfg.is_tarred:
+            raise ValueError("model.validation_ds: is_tarred is for training data; validate on a NeMo manifest "
+                             "(manifest_filepath) or lhotse cuts (cuts_path) of the validation audio.")  # fmt: skip
+        manifests = [cfg.manifest_filepath] if isinstance(cfg.manifest_filepath, str) else cfg.manifest_filepath
+        cuts = [cfg.cuts_path] if isinstance(cfg.cuts_path, str) else cfg.cuts_path
+        only = {"manifest_filepath": None, "cuts_path": None, "shar_path": None, "input_cfg": None}
+        sets = [(validation_set_name(str(m)), dataclasses.replace(cfg, **{**only, "manifest_filepath": m}))
+                for m in manifests or []]  # fmt: skip
+        sets += [
+            (Path(str(c)).name.split(".")[0], dataclasses.replace(cfg, **{**only, "cuts_path": c})) for c in cuts or []
+        ]
+        if cfg.shar_path or cfg.input_cfg:
+            sets.append(("val", dataclasses.replace(cfg, manifest_filepath=None, cuts_path=None)))
+        return sets
+
+    def _build_loader(self, ds_cfg: Any, train: bool = False) -> DataLoader | None:
+        cfg = ds_cfg if isinstance(ds_cfg, LoaderConfig) else loader_config(OmegaConf.to_object(ds_cfg))
+        if not any((cfg.manifest_filepath, cfg.cuts_path, cfg.shar_path, cfg.input_cfg)):
             return None
-        cfg = loader_config(OmegaConf.to_object(ds_cfg))
-        resolved = [resolve_manifest(m) for m in ([manifests] if isinstance(manifests, str) else manifests)]
-        for name, path in zip([manifests] if isinstance(manifests, str) else manifests, resolved):
-            if not Path(path).is_file():
-                raise FileNotFoundError(
-                    f"model.{key}.manifest_filepath={name}: no such file ({Path(path).resolve()})."
-                )
-            check_audio_exists(f"model.{key}.manifest_filepath", path, shown=str(name))
-        cfg.manifest_filepath = resolved[0] if isinstance(manifests, str) else resolved
-        cfg.sample_rate = self.cfg.sample_rate
+        manifests = cfg.manifest_filepath
+        if not cfg.is_tarred:  # builtin: names; a tarred dataset's manifests are brace patterns
+            manifests = resolve_manifest(manifests) if isinstance(manifests, str) else [
+                resolve_manifest(m) for m in manifests or []] or None  # fmt: skip
+        if not cfg.is_tarred:
+            key = "train_ds" if train else "validation_ds"
+            given = cfg.manifest_filepath if isinstance(cfg.manifest_filepath, list) else [cfg.manifest_filepath]
+            resolved = manifests if isinstance(manifests, list) else [manifests]
+            for name, path in zip(given, resolved):
+                if path is None:
+                    continue
+                if not Path(path).is_file():
+                    raise FileNotFoundError(
+                        f"model.{key}.manifest_filepath={name}: no such file ({Path(path).resolve()})."
+                    )
+                check_audio_exists(f"model.{key}.manifest_filepath", path, shown=str(name))
+        cfg = dataclasses.replace(cfg, manifest_filepath=manifests, sample_rate=self.cfg.sample_rate)
+        epoch_batches = None
+        if train and cfg.is_tarred and self._trainer is not None:
+            limit = self.trainer.limit_train_batches
+            epoch_batches = limit if isinstance(limit, int) else None
         return get_lhotse_dataloader_from_config(
             cfg,
             parallel_state.data_parallel_rank(),
             parallel_state.data_parallel_world_size(),
             AsrCutDataset.from_config(self.tokenizer, cfg),
+            epoch_batches=epoch_batches,
         )
 
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
@@ -467,7 +541,8 @@ class CTCModel(SpeechModel):
 
     def train_dataloader(self) -> DataLoader:
         if self._train_loader is None:
-            raise ValueError("model.train_ds.manifest_filepath is not set: there is nothing to train on.")
+            raise ValueError("model.train_ds names no data (manifest_filepath, cuts_path, shar_path, input_cfg, or a "
+                             "tarred dataset): there is nothing to train on.")  # fmt: skip
         return self._train_loader
 
     def val_dataloader(self) -> list[DataLoader]:
@@ -558,6 +633,7 @@ class ConformerCTCConfig:
     encoder: ConformerConfig = field(default_factory=ConformerConfig)
     ctc_reduction: str = "mean_volume"
     decoding: DecodingConfig = field(default_factory=DecodingConfig)
+    wer: WerConfig = field(default_factory=WerConfig)
     train_ds: LoaderConfig = field(default_factory=lambda: LoaderConfig(batch_duration=120.0))
     validation_ds: LoaderConfig = field(
         default_factory=lambda: LoaderConfig(batch_duration=300.0, use_bucketing=False, shuffle=False)

@@ -2,7 +2,8 @@
 
     python -m speechtrain.asr.transcribe model_path=model.stm audio=test_manifest.json \\
         [output=preds.json] [batch_duration=300] [batch_size=null] [device=auto|cpu|cuda] [precision=32|bf16] \\
-        [decoding=greedy|beam] [lm_path=lm.arpa] [beam_size=16] [lm_weight=1.0] [word_score=0.0]
+        [decoding=greedy|beam] [lm_path=lm.arpa] [beam_size=16] [lm_weight=1.0] [word_score=0.0] \\
+        [chunk_len=30] [chunk_overlap=4] [timestamps=false] [wer.lowercase=true ...]
 
 Decoding follows the model's ``decoding`` config (the demo's archives: beam search with the word 3-gram LM fitted
 on their training transcripts); the decoding keys override it for this run.
@@ -13,6 +14,10 @@ row per input in input order: the input's fields plus ``pred_text``. Audio that 
 gets ``pred_text: null`` and an ``error`` field instead of stopping the run. With reference ``text`` in the
 manifest, the corpus WER (and CER) is printed, with the real-time factor (RTFx: audio seconds per second of
 transcription, model loading excluded).
+
+Files longer than ``chunk_len + chunk_overlap`` seconds (any length: a 1-hour file in bounded memory) are
+transcribed in chunks with overlapping context by :mod:`speechtrain.asr.long_audio`; ``timestamps=true`` adds
+``words: [{"word", "start", "end"}, ...]`` (seconds, from the CTC alignment) to every row.
 """
 
 import contextlib
@@ -30,11 +35,14 @@ from typing import Any
 import numpy as np
 import soundfile as sf
 import torch
+from omegaconf import OmegaConf
 
 from speechtrain.asr.decoding import STRATEGIES
+from speechtrain.asr.long_audio import needs_chunking, transcribe_chunked
 from speechtrain.common import metrics
 from speechtrain.common.cli import fail, parse_key_values
 from speechtrain.common.config import ConfigError
+from speechtrain.common.metrics import WerConfig
 from speechtrain.core.model import SpeechModel
 from speechtrain.data.augment import resample
 from speechtrain.data.manifest import ManifestError
@@ -62,6 +70,12 @@ class TranscribeConfig:
         precision: ``32``, or ``bf16`` (autocast).
         decoding: ``greedy`` or ``beam``; None: the model's ``decoding.strategy``.
         lm_path, beam_size, lm_weight, word_score: beam-search settings (None: the model's).
+        chunk_len: files longer than ``chunk_len + chunk_overlap`` seconds are transcribed in chunks of this many
+            seconds (CTC models; None: never).
+        chunk_overlap: seconds of context around each chunk (half on each side).
+        timestamps: add word start and end times to each row (CTC alignment).
+        wer: normalisation before WER/CER (``wer.lowercase=true wer.remove_punctuation=true wer.numbers=true``);
+            None: the model's ``wer`` config. The choice is printed with the WER.
     """
 
     model_path: str | None = None
@@ -76,6 +90,10 @@ class TranscribeConfig:
     beam_size: int | None = None
     lm_weight: float | None = None
     word_score: float | None = None
+    chunk_len: float | None = 30.0
+    chunk_overlap: float = 4.0
+    timestamps: bool = False
+    wer: WerConfig | None = None
 
     def decoding_overrides(self) -> dict[str, Any]:
         """The ``model.decoding`` keys this run sets."""
@@ -218,6 +236,9 @@ def transcribe_paths(
     batch_duration: float | None = 300.0,
     batch_size: int | None = None,
     precision: str = "32",
+    chunk_len: float | None = 30.0,
+    chunk_overlap: float = 4.0,
+    timestamps: bool = False,
 ) -> list[dict[str, Any]]:
     """Transcribe many utterances with ``model.transcribe``, batched by duration.
 
@@ -229,6 +250,9 @@ def transcribe_paths(
         batch_duration: most seconds of audio per call of ``model.transcribe`` (None: no limit).
         batch_size: most utterances per call (None: no limit).
         precision: ``"32"``, or ``"bf16"`` to run under bf16 autocast on the model's device.
+        chunk_len, chunk_overlap: files longer than ``chunk_len + chunk_overlap`` seconds are transcribed in
+            chunks (:func:`speechtrain.asr.long_audio.transcribe_chunked`; CTC models), one file at a time.
+        timestamps: add ``words`` (``{"word", "start", "end"}`` in seconds) to every row (CTC models).
 
     Returns:
         One row per input, in input order: the input's fields, ``duration`` (probed from the file when missing)
@@ -254,6 +278,16 @@ def transcribe_paths(
     sample_rate = cfg.get("sample_rate") if hasattr(cfg, "get") else None
     device_type = getattr(getattr(model, "device", None), "type", "cpu")
     autocast = torch.autocast(device_type, dtype=torch.bfloat16) if precision == "bf16" else contextlib.nullcontext()
+    if hasattr(model, "blank"):  # a CTC model: long files (and every file, for timestamps) go through chunking
+        chunked = [i for i, d in enumerate(durations) if timestamps or needs_chunking(d, chunk_len, chunk_overlap)]
+        with autocast:
+            for i in chunked:
+                _transcribe_long(model, rows[readable[i]], chunk_len or durations[i], chunk_overlap, timestamps)
+        done = set(chunked)
+        readable = [r for j, r in enumerate(readable) if j not in done]
+        durations = [d for j, d in enumerate(durations) if j not in done]
+    elif timestamps:
+        raise ValueError(f"timestamps=true needs a CTC model; {type(model).__name__} is not one.")
     batches = plan_batches(durations, batch_duration, batch_size)
     padded = 0.0
     with autocast:
@@ -283,9 +317,25 @@ def transcribe_paths(
     return rows
 
 
+def _transcribe_long(model: Any, row: dict[str, Any], chunk_len: float, overlap: float, timestamps: bool) -> None:
+    """Fill ``row`` (``pred_text``, ``words``) by chunked transcription; an error is reported in the row."""
+    try:
+        out = transcribe_chunked(model, row["audio_filepath"], chunk_len, overlap, timestamps,
+                                 offset=float(row.get("offset", 0.0)), duration=row.get("duration"))  # fmt: skip
+    except Exception as error:  # one bad file must not stop the run: it is reported in its row
+        row["error"] = _error_text(error)
+        return
+    row["pred_text"] = out.text
+    if out.words is not None:
+        row["words"] = out.words
+
+
 # ---------------------------------------------------------------------------------------------------------- CLI
-def summarize(rows: Sequence[Mapping[str, Any]], seconds: float) -> list[str]:
-    """Report lines: counts, audio seconds and RTFx, WER (and CER) against ``text`` where present, skipped inputs."""
+def summarize(
+    rows: Sequence[Mapping[str, Any]], seconds: float, normalizer: metrics.TextNormalizer | None = None
+) -> list[str]:
+    """Report lines: counts, audio seconds and RTFx, WER (and CER) against ``text`` where present (both normalised
+    by ``normalizer``), skipped inputs."""
     done = [r for r in rows if r.get("pred_text") is not None]
     audio_seconds = sum(float(r.get("duration", 0.0)) for r in done)
     rtfx = audio_seconds / seconds if seconds > 0 else math.inf
@@ -296,7 +346,8 @@ def summarize(rows: Sequence[Mapping[str, Any]], seconds: float) -> list[str]:
     scored = [r for r in done if isinstance(r.get("text"), str)]
     unscored = sum(1 for r in rows if r.get("pred_text") is None and isinstance(r.get("text"), str))
     if scored or unscored:
-        hyps, refs = [r["pred_text"] for r in scored], [r["text"] for r in scored]
+        norm = normalizer or metrics.TextNormalizer()
+        hyps, refs = [norm(r["pred_text"]) for r in scored], [norm(r["text"]) for r in scored]
         errors, words = metrics.word_errors(hyps, refs)
         rate = metrics.format_rate(metrics.error_rate(errors, words))
         line = f"WER {rate} ({errors} errors / {words} words, {len(scored)} utterances"
@@ -304,6 +355,7 @@ def summarize(rows: Sequence[Mapping[str, Any]], seconds: float) -> list[str]:
         errors, chars = metrics.char_errors(hyps, refs)
         line += (
             f", CER {metrics.format_rate(metrics.error_rate(errors, chars))} ({errors} errors / {chars} characters)"
+            f"; transcripts {norm.describe()}"
         )
         lines.append(line)
     failed = [r for r in rows if r.get("error")]
@@ -352,7 +404,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         if not Path(cfg.model_path).is_file():
             raise FileNotFoundError(f"model_path={cfg.model_path}: no such file.")
         rows = collect_inputs(cfg.audio)
-    except (ConfigError, ValueError, FileNotFoundError) as e:
+        if cfg.wer is not None:
+            metrics.TextNormalizer(cfg.wer)  # a bad choice stops here, before any work
+    except (ConfigError, ValueError, FileNotFoundError, ImportError) as e:
         fail(str(e))
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     device = ("cuda" if torch.cuda.is_available() else "cpu") if cfg.device == "auto" else cfg.device
@@ -366,14 +420,17 @@ def main(argv: Sequence[str] | None = None) -> None:
         fail(f"{type(model).__name__} (from {cfg.model_path}) has no transcribe method.")
 
     start = time.perf_counter()
-    rows = transcribe_paths(model, rows, cfg.batch_duration, cfg.batch_size, cfg.precision)
+    rows = transcribe_paths(model, rows, cfg.batch_duration, cfg.batch_size, cfg.precision, cfg.chunk_len,
+                            cfg.chunk_overlap, cfg.timestamps)  # fmt: skip
     seconds = time.perf_counter() - start
 
     output = Path(cfg.output) if cfg.output else default_output(cfg.audio)
     output.parent.mkdir(parents=True, exist_ok=True)
     with open(output, "w", encoding="utf-8") as f:
         f.writelines(json.dumps(row, ensure_ascii=False) + "\n" for row in rows)
-    for line in summarize(rows, seconds):
+    wer_cfg = cfg.wer if cfg.wer is not None else model.cfg.get("wer")
+    normalizer = metrics.TextNormalizer(OmegaConf.to_container(wer_cfg) if OmegaConf.is_config(wer_cfg) else wer_cfg)
+    for line in summarize(rows, seconds, normalizer):
         print(line)
     print(f"Wrote {len(rows)} rows to {output} (device {device}, precision {cfg.precision}).")
     if not any(r["pred_text"] is not None for r in rows):

@@ -3,9 +3,18 @@ ranks.
 
 WER compares whitespace-split words. CER compares characters *including spaces* (as NeMo's and torchmetrics' CER
 do), so a missing or extra word boundary counts as one error.
+
+Normalisation (:class:`WerConfig`, ``model.wer`` and the transcription CLI's ``wer.*``) is applied to hypotheses
+and references alike: ``lowercase``, ``remove_punctuation`` and ``numbers`` (spelled-out English numbers as digits,
+by whisper-normalizer's ``EnglishNumberNormalizer``: "twenty five" and "25" score the same). The choice is part
+of the model config (and so of ``config.yaml`` and the archive) and is printed next to every WER.
 """
 
+import re
+import unicodedata
 from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 
 def edit_distance(hyp: Sequence[Hashable], ref: Sequence[Hashable]) -> int:
@@ -83,3 +92,80 @@ def error_rate(errors: float, total: float) -> float:
 def format_rate(rate: float) -> str:
     """``12.34%``, or ``n/a`` for a rate over nothing (NaN)."""
     return "n/a" if rate != rate else f"{100.0 * rate:.2f}%"
+
+
+@dataclass
+class WerConfig:
+    """How transcripts are normalised before WER and CER are counted (hypotheses and references alike).
+
+    Attributes:
+        lowercase: compare case-insensitively.
+        remove_punctuation: drop punctuation (apostrophes inside words, decimal points and commas inside numbers
+            and a percent sign after a number are kept).
+        numbers: write spelled-out English numbers as digits ("twenty five" -> "25", "three point five" -> "3.5");
+            needs ``lowercase`` and the ``text`` extra (whisper-normalizer).
+    """
+
+    lowercase: bool = False
+    remove_punctuation: bool = False
+    numbers: bool = False
+
+
+# What punctuation removal keeps: an apostrophe between letters (don't), a point or comma between digits (3.5,
+# 1,000) and a percent sign after a digit. Hand-written: whisper-normalizer's basic normaliser also drops bracketed
+# text and diacritics, and splits contractions, which a WER option named "punctuation" should not do.
+_KEEP = re.compile(r"(?<=\w)'(?=\w)|(?<=\d)[.,](?=\d)|(?<=\d)%")
+
+
+class TextNormalizer:
+    """Applies a :class:`WerConfig` to a transcript: ``TextNormalizer(cfg)(text) -> text``."""
+
+    def __init__(self, cfg: "WerConfig | Any | None" = None) -> None:
+        self.cfg = WerConfig(**dict(cfg)) if cfg is not None and not isinstance(cfg, WerConfig) else cfg or WerConfig()
+        self._numbers = None
+        if self.cfg.numbers:
+            if not self.cfg.lowercase:
+                raise ValueError(
+                    "wer.numbers=true needs wer.lowercase=true: the number normaliser reads lower-case words."
+                )
+            try:
+                from whisper_normalizer.english import EnglishNumberNormalizer
+            except ImportError as error:
+                raise ImportError(
+                    "wer.numbers=true needs whisper-normalizer: pip install 'speechtrain[text]'"
+                ) from error
+            self._numbers = EnglishNumberNormalizer()
+
+    @property
+    def active(self) -> bool:
+        return self.cfg.lowercase or self.cfg.remove_punctuation or self.cfg.numbers
+
+    def describe(self) -> str:
+        """The choice in words, e.g. ``lowercase, no punctuation, numbers as digits`` (``as written`` when none)."""
+        cfg = self.cfg
+        names = (
+            ("lowercase", cfg.lowercase),
+            ("no punctuation", cfg.remove_punctuation),
+            ("numbers as digits", cfg.numbers),
+        )
+        return ", ".join(name for name, on in names if on) or "as written"
+
+    def __call__(self, text: str) -> str:
+        if not self.active:
+            return text
+        if self.cfg.lowercase:
+            text = text.lower()
+        if self._numbers is not None:
+            # "twenty-five" and "1,000" as the number normaliser expects them: "twenty five", "1000".
+            text = self._numbers(re.sub(r"(\d),(\d)", r"\1\2", re.sub(r"(?<=[a-z])-(?=[a-z])", " ", text)))
+        if self.cfg.remove_punctuation:
+            text = _remove_punctuation(text)
+        return " ".join(text.split())
+
+
+def _remove_punctuation(text: str) -> str:
+    keep = {m.start() for m in _KEEP.finditer(text)}
+    return "".join(
+        " " if i not in keep and unicodedata.category(ch).startswith(("P", "S")) and ch not in "+" else ch
+        for i, ch in enumerate(text)
+    )

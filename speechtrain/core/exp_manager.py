@@ -80,6 +80,14 @@ class ExpManagerConfig:
         save_archive_on_train_end: write ``<name>.stm`` when training ends (not when it was preempted).
         create_preemption_callback: on SIGTERM / SIGUSR1, save the ``last`` checkpoint at the next step boundary
             and stop (see :mod:`speechtrain.lightning.fault_tolerance`).
+        create_wandb_logger: also log to Weights & Biases (the ``trackers`` extra: ``pip install
+            'speechtrain[trackers]'``); ``WANDB_MODE=offline`` works without a network.
+        wandb_logger_kwargs: arguments of Lightning's ``WandbLogger`` (``project``, ``name``, ``entity``, ``tags``,
+            ``offline``, ``save_dir``, ...); ``name`` defaults to the run name, ``save_dir`` to the run folder.
+        create_mlflow_logger: also log to MLflow (the ``trackers`` extra).
+        mlflow_logger_kwargs: arguments of Lightning's ``MLFlowLogger`` (``experiment_name``, ``run_name``,
+            ``tracking_uri``, ``tags``, ...); ``experiment_name`` defaults to the run name, ``tracking_uri`` to
+            ``file:<exp_dir>/mlruns``.
     """
 
     exp_dir: str | None = None
@@ -94,6 +102,10 @@ class ExpManagerConfig:
     checkpoint_callback_params: CheckpointConfig = field(default_factory=CheckpointConfig)
     save_archive_on_train_end: bool = True
     create_preemption_callback: bool = True
+    create_wandb_logger: bool = False
+    wandb_logger_kwargs: dict[str, Any] = field(default_factory=dict)
+    create_mlflow_logger: bool = False
+    mlflow_logger_kwargs: dict[str, Any] = field(default_factory=dict)
 
 
 class SpeechCheckpoint(ModelCheckpoint):
@@ -151,6 +163,8 @@ class SpeechCheckpoint(ModelCheckpoint):
             pl_module.save_to(self.archive_path)
             if trainer.is_global_zero:
                 logger.info("Saved the final model archive to %s", self.archive_path)
+                for tracker in (lg for lg in trainer.loggers if _is_tracker(lg)):
+                    tracker.log_hyperparams({"final_archive": str(self.archive_path)})
 
 
 class _AppendingCSVWriter(ExperimentWriter):
@@ -172,6 +186,50 @@ class ResumableCSVLogger(CSVLogger):
             self._fs.makedirs(self.root_dir, exist_ok=True)
             self._experiment = _AppendingCSVWriter(log_dir=self.log_dir)
         return self._experiment
+
+
+def _is_tracker(candidate: Any) -> bool:
+    """A W&B or MLflow logger (they take the job config and the final archive path as parameters)."""
+    return type(candidate).__name__ in ("WandbLogger", "MLFlowLogger")
+
+
+def tracker_loggers(cfg: ExpManagerConfig, run_root: Path, name: str, version: str, log_dir: Path) -> list[Any]:
+    """Lightning's W&B and MLflow loggers that ``cfg`` asks for (NeMo's ``create_wandb_logger`` /
+    ``wandb_logger_kwargs``, ``create_mlflow_logger`` / ``mlflow_logger_kwargs``), with run-folder defaults.
+
+    Raises:
+        ImportError: a tracker is asked for but its package is not installed (the ``trackers`` extra).
+    """
+    loggers: list[Any] = []
+    if cfg.create_wandb_logger:
+        _require("wandb", "create_wandb_logger")
+        from lightning.pytorch.loggers import WandbLogger
+
+        kwargs = {k: v for k, v in cfg.wandb_logger_kwargs.items() if v is not None}
+        kwargs.setdefault("name", name)
+        kwargs.setdefault("save_dir", str(log_dir))
+        loggers.append(WandbLogger(**kwargs))
+    if cfg.create_mlflow_logger:
+        _require("mlflow", "create_mlflow_logger")
+        from lightning.pytorch.loggers import MLFlowLogger
+
+        kwargs = {k: v for k, v in cfg.mlflow_logger_kwargs.items() if v is not None}
+        kwargs.setdefault("experiment_name", name)
+        kwargs.setdefault("run_name", version)
+        kwargs.setdefault("tracking_uri", (run_root.parent / "mlruns").as_uri())
+        if str(kwargs["tracking_uri"]).startswith("file:"):
+            # MLflow 3 keeps its file store for compatibility only; it needs neither a server nor a database (the
+            # sqlite store would add SQLAlchemy), which is what a local default should need.
+            os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+        loggers.append(MLFlowLogger(**kwargs))
+    return loggers
+
+
+def _require(module: str, key: str) -> None:
+    import importlib.util
+
+    if importlib.util.find_spec(module) is None:
+        raise ImportError(f"exp_manager.{key}=true needs the {module} package: pip install 'speechtrain[trackers]'.")
 
 
 def _new_version(run_root: Path) -> str:
@@ -248,6 +306,7 @@ def exp_manager(
         loggers.append(TensorBoardLogger(save_dir=run_root.parent, name=name, version=version))
     if cfg.create_csv_logger:
         loggers.append(ResumableCSVLogger(save_dir=run_root.parent, name=name, version=version))
+    loggers += tracker_loggers(cfg, run_root, name, version, log_dir)
     trainer.loggers = loggers
     trainer._default_root_dir = str(log_dir)
     for callback in CallbackGroup.get_instance().callbacks:
@@ -279,6 +338,8 @@ def exp_manager(
     if job_config is not None and trainer.is_global_zero:
         config = job_config if isinstance(job_config, DictConfig) else OmegaConf.create(job_config)
         (log_dir / "config.yaml").write_text(OmegaConf.to_yaml(config))
+        for tracker in (lg for lg in loggers if _is_tracker(lg)):
+            tracker.log_hyperparams(OmegaConf.to_container(config, resolve=True))
     logger.info("Run folder: %s", log_dir)
     return log_dir
 

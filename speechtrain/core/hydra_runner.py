@@ -35,6 +35,7 @@ from speechtrain.common.config import (
     validate_config,
 )
 from speechtrain.core.exp_manager import discard_new_run_folder, forget_new_run_folder, log_to_run_file
+from speechtrain.core.nemo_config import is_nemo_config, translate_nemo_config
 from speechtrain.lightning import CallbackGroup
 
 _OVERRIDE_KEY = re.compile(r"^(?P<prefix>~|\+\+|\+)?(?P<key>[\w.\-/@]+)")
@@ -150,6 +151,8 @@ def compose_config(
         except (HydraException, OmegaConfBaseException) as error:
             raise ConfigError(_explain_override_failure(config_name, overrides, error, schema)) from error
     if schema is not None:
+        if is_nemo_config(cfg):  # a NeMo training YAML: translated key by key, never imported
+            cfg = translate_nemo_config(cfg)
         cfg = validate_config(cfg, schema)
     return cfg
 
@@ -176,13 +179,13 @@ def hydra_runner(
 
         @functools.wraps(task)
         def wrapper(cfg: DictConfig | None = None) -> Any:
+            if not logging.getLogger().handlers:  # before composing: a NeMo YAML's translation is logged
+                logging.basicConfig(level=logging.INFO, format="[%(asctime)s %(levelname)s %(name)s] %(message)s")
             command_line = cfg is None
             if command_line:
                 cfg = _config_from_argv(sys.argv[1:], script_dir, config_path, config_name, schema, script_doc)
                 if cfg is None:
                     return None
-            if not logging.getLogger().handlers:
-                logging.basicConfig(level=logging.INFO, format="[%(asctime)s %(levelname)s %(name)s] %(message)s")
             group = CallbackGroup.get_instance()
             group.on_app_start()
             forget_new_run_folder()

@@ -140,7 +140,20 @@ def check_validation_schedule(trainer: Any, sampler: Any, has_validation: bool) 
                 f"trainer.val_check_interval={max(1, batches // 2)}."
             )
         return
-    per_epoch = sampler.batches_per_epoch()
+    limit_train = getattr(trainer, "limit_train_batches", 1.0)  # Lightning cuts its epochs short at this
+    fraction = not isinstance(limit_train, int) and limit_train < 1.0
+    limit = None
+    if trainer.max_steps > 0 and (isinstance(interval, int) or interval == 1.0) and not fraction:
+        # Counting past the run's last batch (or the interval) cannot change the verdict: a huge lazy manifest is
+        # not read to its end at start.
+        limit = max(batches, interval if isinstance(interval, int) else 0)
+    if isinstance(limit_train, int):
+        limit = limit_train if limit is None else min(limit, limit_train)
+    per_epoch = sampler.batches_per_epoch(limit)
+    if isinstance(limit_train, int):
+        per_epoch = min(per_epoch, limit_train)
+    elif fraction:
+        per_epoch = int(per_epoch * limit_train)
     if isinstance(interval, int) and interval > per_epoch:
         raise ValueError(
             f"This run would never validate: trainer.val_check_interval={interval} batches, but an epoch has "
@@ -148,10 +161,12 @@ def check_validation_schedule(trainer: Any, sampler: Any, has_validation: bool) 
         )
     within = interval if isinstance(interval, int) else math.ceil(interval * per_epoch)
     first = (every_epochs - 1) * per_epoch + within
+    capped = limit is not None and per_epoch > limit
+    size, at = (f"more than {limit}", f"after batch {limit}") if capped else (per_epoch, f"at batch {first}")
     if trainer.max_steps > 0 and batches < first:
         raise ValueError(
             f"This run would never validate: it stops after trainer.max_steps={trainer.max_steps} steps, before the "
-            f"first validation at batch {first} (an epoch has {per_epoch} batches). Set trainer.val_check_interval "
+            f"first validation {at} (an epoch has {size} batches). Set trainer.val_check_interval "
             f"to a number of batches below that (e.g. trainer.val_check_interval={max(1, batches // 2)} "
             "trainer.check_val_every_n_epoch=null)."
         )

@@ -11,20 +11,33 @@ from speechtrain.lightning.megatron_parallel import active_engine
 
 @dataclass
 class SchedConfig:
-    """Learning-rate schedule.
+    """Learning-rate schedule (NeMo's names are accepted too: ``CosineAnnealing``, ``NoamAnnealing``,
+    ``InverseSquareRootAnnealing``).
 
     Attributes:
-        name: ``cosine`` (linear warm-up, then cosine decay to ``min_lr`` at ``max_steps``), ``constant``
-            (warm-up, then flat) or ``none``.
+        name: ``cosine`` (linear warm-up, then cosine decay to ``min_lr`` at ``max_steps``), ``noam`` (linear warm-up
+            to ``lr * d_model^-0.5 * warmup^-0.5``, then decay as ``1/sqrt(step)``; the Transformer paper's schedule),
+            ``inverse_sqrt`` (linear warm-up to ``lr``, then ``lr * sqrt(warmup / step)``), ``constant`` (warm-up,
+            then flat) or ``none``.
         warmup_steps: linear warm-up length in optimizer steps.
-        min_lr: final learning rate of the cosine decay.
+        warmup_ratio: warm-up as a fraction of the run (of ``max_steps``, or of ``trainer.max_time`` for runs bounded
+            by time); set it or ``warmup_steps``, not both.
+        min_lr: floor of the learning rate after the warm-up (the end point of the cosine decay).
         max_steps: decay length; ``-1`` takes the trainer's ``max_steps`` (estimated from epochs when unset).
+        d_model: the model width of the Noam schedule's scale ``d_model^-0.5`` (NeMo's default 1: no scaling).
     """
 
     name: str = "cosine"
     warmup_steps: int = 0
+    warmup_ratio: float | None = None
     min_lr: float = 0.0
     max_steps: int = -1
+    d_model: int = 1
+
+
+# NeMo's scheduler names -> ours.
+SCHEDULE_ALIASES = {"CosineAnnealing": "cosine", "NoamAnnealing": "noam", "InverseSquareRootAnnealing": "inverse_sqrt"}
+SCHEDULES = ("cosine", "noam", "inverse_sqrt", "constant", "none")
 
 
 @dataclass
@@ -84,24 +97,48 @@ def build_optimizer(params: list[torch.nn.Parameter], cfg: OptimConfig) -> torch
     return optimizer_class(groups, lr=cfg.lr, betas=tuple(cfg.betas))
 
 
+def _schedule_name(sched: SchedConfig) -> str:
+    name = SCHEDULE_ALIASES.get(sched.name, sched.name)
+    if name not in SCHEDULES:
+        choices = ", ".join([*SCHEDULES, *SCHEDULE_ALIASES])
+        raise ValueError(f"Unknown schedule model.optim.sched.name={sched.name!r}; choose one of {choices}.")
+    return name
+
+
 def lr_factor(
     step: int, sched: SchedConfig, max_steps: int, base_lr: float, progress: Callable[[], float] | None = None
 ) -> float:
     """Multiplier of the base learning rate at optimizer step ``step``.
 
     ``progress`` (fraction of the run done, e.g. of ``trainer.max_time``) replaces ``step / max_steps`` for the decay
-    when given; the warm-up still counts steps.
+    when given; the warm-up counts steps (``warmup_steps``) or that fraction (``warmup_ratio``).
     """
-    if sched.warmup_steps > 0 and step < sched.warmup_steps:
-        return (step + 1) / sched.warmup_steps
-    if sched.name == "constant":
-        return 1.0
-    if progress is not None:
-        progress = min(1.0, max(0.0, progress()))
-    else:
-        progress = min(1.0, (step - sched.warmup_steps) / max(1, max_steps - sched.warmup_steps))
+    name = _schedule_name(sched)
     min_factor = sched.min_lr / base_lr if base_lr > 0 else 0.0
-    return min_factor + (1.0 - min_factor) * 0.5 * (1.0 + math.cos(math.pi * progress))
+    ratio = sched.warmup_ratio or 0.0
+    if name in ("noam", "inverse_sqrt"):
+        warmup = max(1, math.ceil(ratio * max_steps) if ratio > 0 else sched.warmup_steps)
+        s = step + 1
+        if name == "noam":
+            # Vaswani et al.: d^-0.5 * min(s^-0.5, s * w^-1.5); peaks at d^-0.5 * w^-0.5 at s = w.
+            factor = sched.d_model**-0.5 * min(s**-0.5, s * warmup**-1.5)
+        else:
+            factor = s / warmup if s < warmup else math.sqrt(warmup / s)
+        return factor if s <= warmup else max(factor, min_factor)
+    done = None if progress is None else min(1.0, max(0.0, progress()))
+    if done is not None and ratio > 0:
+        # A run bounded by wall-clock time warms up over its first ``warmup_ratio`` of that time.
+        if done < ratio:
+            return done / ratio
+        decay = (done - ratio) / (1.0 - ratio)
+    else:
+        warmup = math.ceil(ratio * max_steps) if ratio > 0 else sched.warmup_steps
+        if warmup > 0 and step < warmup:
+            return (step + 1) / warmup
+        decay = done if done is not None else min(1.0, (step - warmup) / max(1, max_steps - warmup))
+    if name == "constant":
+        return 1.0
+    return min_factor + (1.0 - min_factor) * 0.5 * (1.0 + math.cos(math.pi * decay))
 
 
 def build_scheduler(
@@ -113,11 +150,26 @@ def build_scheduler(
     """A per-step ``LambdaLR`` for ``cfg.sched``, or None for ``name: none``. With ``progress`` (a wall-clock
     fraction for runs bounded by ``max_time``), the decay follows it instead of ``step / max_steps``."""
     sched = cfg.sched
-    if sched.name == "none":
+    name = _schedule_name(sched)
+    if name == "none":
         return None
-    if sched.name not in ("cosine", "constant"):
-        raise ValueError(f"Unknown schedule model.optim.sched.name={sched.name!r}; choose cosine, constant or none.")
+    if sched.warmup_ratio is not None and sched.warmup_steps > 0:
+        raise ValueError(
+            f"model.optim.sched sets both warmup_steps={sched.warmup_steps} and warmup_ratio={sched.warmup_ratio}: "
+            "set one of them (the other to 0 / null)."
+        )
+    if sched.warmup_ratio is not None and not 0.0 <= sched.warmup_ratio < 1.0:
+        raise ValueError(f"model.optim.sched.warmup_ratio must be in [0, 1), got {sched.warmup_ratio}.")
+    if name in ("noam", "inverse_sqrt") and sched.warmup_steps <= 0 and not sched.warmup_ratio:
+        raise ValueError(
+            f"The {sched.name} schedule needs a warm-up: set model.optim.sched.warmup_steps or warmup_ratio."
+        )
     total = sched.max_steps if sched.max_steps > 0 else max_steps
     if sched.max_steps > 0:
         progress = None
+    if name in ("noam", "inverse_sqrt") and sched.warmup_ratio and total <= 0:
+        raise ValueError(
+            f"model.optim.sched.warmup_ratio with the {sched.name} schedule needs the run's length in steps: set "
+            "trainer.max_steps or model.optim.sched.max_steps (or use warmup_steps)."
+        )
     return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, sched, total, cfg.lr, progress))

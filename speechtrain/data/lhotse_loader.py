@@ -2,7 +2,9 @@
 sharded by data-parallel rank.
 
 Inputs (NeMo's config vocabulary): ``manifest_filepath`` (NeMo JSON lines) and/or ``cuts_path`` (lhotse
-CutSet ``.jsonl``/``.jsonl.gz``) and/or ``shar_path`` (lhotse Shar folder). Batches are built by lhotse's samplers:
+CutSet ``.jsonl``/``.jsonl.gz``) and/or ``shar_path`` (lhotse Shar folder), all read lazily (memory does not grow
+with their length), or a NeMo tarred dataset (``is_tarred: true`` with ``tarred_audio_filepaths``; see
+:mod:`speechtrain.data.nemo_adapters`). Batches are built by lhotse's samplers:
 
 - ``use_bucketing`` groups utterances of similar duration into ``num_buckets`` buckets (bins from
   ``bucket_duration_bins`` or estimated from the data with equal duration mass), so batches carry little
@@ -12,6 +14,7 @@ CutSet ``.jsonl``/``.jsonl.gz``) and/or ``shar_path`` (lhotse Shar folder). Batc
   (logged at start). ``bucket_batch_size`` replaces both (setting them too is an error, never a silent choice).
 - Sharding is by data-parallel rank: each rank takes every ``dp_world_size``-th batch of one shared, seeded
   stream, so every utterance is used once per epoch across ranks and all ranks take the same number of steps.
+  Tarred data is split by shard instead: each rank reads its own shards (:class:`StreamSampler`).
 
 - Exact resume: the sampler is wrapped in :class:`ResumableSampler`, which can start an epoch after the batches a
   checkpoint says were already trained on (``SpeechModel`` saves and restores that position).
@@ -26,10 +29,11 @@ The sampler yields :class:`CutBatch` es (cuts and epoch); the datasets of :mod:`
 them into tensors.
 """
 
+import dataclasses
 import functools
+import itertools
 import logging
 import warnings
-import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -38,7 +42,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from speechtrain.data.augment import AugmentationConfig
-from speechtrain.data.manifest import read_nemo_manifest
+from speechtrain.data.nemo_adapters import LazyNeMoManifest, LazyNeMoTarredIterator, expand_paths
 
 logger = logging.getLogger("speechtrain.data")
 
@@ -51,6 +55,8 @@ class LoaderConfig:
     cuts_path: Any = None
     shar_path: str | None = None
     input_cfg: list[Any] | None = None
+    is_tarred: bool = False
+    tarred_audio_filepaths: Any = None
     sample_rate: int = 16000
     resample: bool = True
     min_duration: float | None = None
@@ -103,39 +109,30 @@ def _as_list(value: Any) -> list[str]:
 
 
 def cuts_from_nemo_manifest(path: str | Path, sample_rate: int) -> Any:
-    """A lhotse CutSet for a NeMo manifest, from its metadata only (no audio is opened here).
+    """A lazy lhotse CutSet for a NeMo manifest: read line by line while the sampler iterates (no audio is opened
+    here, and memory does not grow with the manifest's length). See
+    :class:`~speechtrain.data.nemo_adapters.LazyNeMoManifest`."""
+    from lhotse import CutSet
 
-    Cut IDs are ``<audio file stem>-<hash of the manifest path>-<line index>``. Extra manifest keys are kept as
-    the cut's custom fields; ``lang`` and ``speaker`` become the supervision's language and speaker.
-    """
-    from lhotse import CutSet, Recording, SupervisionSegment
-    from lhotse.audio import AudioSource
-    from lhotse.cut import MonoCut
+    return CutSet(LazyNeMoManifest(path, sample_rate))
 
-    cuts = []
-    # The manifest's path is part of every cut ID: corpora whose files share names stay distinct when blended.
-    source = f"{zlib.crc32(str(Path(path).resolve()).encode()):08x}"
-    for index, record in enumerate(read_nemo_manifest(path)):
-        rate = int(record.get("sampling_rate", sample_rate))
-        offset, duration = record["offset"], record["duration"]
-        cut_id = f"{Path(record['audio_filepath']).stem}-{source}-{index}"
-        recording = Recording(
-            id=cut_id,
-            sources=[AudioSource(type="file", channels=[0], source=record["audio_filepath"])],
-            sampling_rate=rate,
-            num_samples=round((offset + duration) * rate),
-            duration=offset + duration,
-        )
-        supervision = SupervisionSegment(
-            id=cut_id, recording_id=cut_id, start=offset, duration=duration, channel=0, text=record["text"],
-            language=record.get("lang"), speaker=None if record.get("speaker") is None else str(record["speaker"]),
-        )  # fmt: skip
-        known = ("audio_filepath", "offset", "duration", "text", "lang", "speaker")
-        custom = {k: v for k, v in record.items() if k not in known}
-        cut = MonoCut(id=cut_id, start=offset, duration=duration, channel=0, recording=recording,
-                      supervisions=[supervision], custom=custom or None)  # fmt: skip
-        cuts.append(cut)
-    return CutSet.from_cuts(cuts)
+
+def cuts_from_lhotse_manifest(path: str | Path) -> Any:
+    """A lhotse CutSet manifest, read lazily when it is JSON lines (``.jsonl``, ``.jsonl.gz``)."""
+    from lhotse import CutSet
+
+    if ".jsonl" in Path(path).name:
+        if not Path(path).is_file():
+            raise FileNotFoundError(f"cuts_path: no such file: {path}")
+        return CutSet.from_jsonl_lazy(path)
+    return CutSet.from_file(path)
+
+
+def _chain(parts: list[Any]) -> Any:
+    from lhotse import CutSet
+    from lhotse.lazy import LazyIteratorChain
+
+    return parts[0] if len(parts) == 1 else CutSet(LazyIteratorChain(*parts))
 
 
 _SOURCE_KEYS = {
@@ -163,7 +160,7 @@ def _source(entry: Any, sample_rate: int, seed: int, where: str) -> Any:
     if kind == "nemo":
         cuts = cuts_from_nemo_manifest(entry["manifest_filepath"], sample_rate)
     elif kind == "lhotse":
-        cuts = CutSet.from_file(entry["cuts_path"])
+        cuts = cuts_from_lhotse_manifest(entry["cuts_path"])
     elif kind == "lhotse_shar":
         cuts = CutSet.from_shar(in_dir=entry["shar_path"])
     else:
@@ -201,27 +198,123 @@ def blend_sources(sources: list[Any], sample_rate: int, seed: int = 0, where: st
 
 
 def read_cuts(cfg: LoaderConfig, tokenizer: Any = None) -> Any:
-    """All inputs of ``cfg`` as one CutSet, filtered by duration and by tokens per second (which needs
-    ``tokenizer``)."""
+    """All inputs of ``cfg`` as one lazy CutSet, filtered by duration and by tokens per second (which needs
+    ``tokenizer``). NeMo tarred data is read by :func:`read_tarred_cuts` instead (it is split by rank)."""
     from lhotse import CutSet
 
+    if cfg.is_tarred or _names_tarred(cfg.input_cfg):
+        raise ValueError("NeMo tarred data is read per data-parallel rank: use read_tarred_cuts.")
     parts = [cuts_from_nemo_manifest(p, cfg.sample_rate) for p in _as_list(cfg.manifest_filepath)]
-    parts += [CutSet.from_file(p) for p in _as_list(cfg.cuts_path)]
+    parts += [cuts_from_lhotse_manifest(p) for p in _as_list(cfg.cuts_path)]
     if cfg.shar_path:
         parts.append(CutSet.from_shar(in_dir=cfg.shar_path))
     if cfg.input_cfg:
         parts.append(blend_sources(cfg.input_cfg, cfg.sample_rate, cfg.seed))
     if not parts:
         raise ValueError("The dataset config names no data: set manifest_filepath, cuts_path or shar_path.")
-    cuts = parts[0] if len(parts) == 1 else CutSet.from_cuts(c for part in parts for c in part)
+    return _filtered(_chain(parts), cfg, tokenizer)
+
+
+def _filtered(cuts: Any, cfg: LoaderConfig, tokenizer: Any) -> Any:
     keep = _CutFilter(cfg, tokenizer)
     if not keep.active:
         return cuts
-    filtered = cuts.filter(keep)
-    if not cuts.is_lazy:
-        dropped = ", ".join(f"{reason}={count}" for reason, count in sorted(keep.dropped.items())) or "none"
-        logger.info("dataset filters kept %d of %d utterances (dropped: %s)", len(filtered), len(cuts), dropped)
-    return filtered
+    # Lazy: what the filters drop is known once a pass has read the data (ResumableSampler logs it then).
+    return cuts.filter(keep)
+
+
+def read_tarred_cuts(
+    cfg: LoaderConfig, dp_rank: int, dp_world_size: int, tokenizer: Any = None
+) -> tuple[Any, list[LazyNeMoTarredIterator]]:
+    """This data-parallel rank's endless stream of cuts of a NeMo tarred dataset (``is_tarred: true``), filtered,
+    and the tarred readers behind it.
+
+    ``tarred_audio_filepaths`` and ``manifest_filepath`` are brace patterns or lists of them (one dataset), or
+    lists of lists of them (several datasets, blended in proportion to their shard counts). Or ``input_cfg`` lists
+    ``{type: nemo_tarred, manifest_filepath, tarred_audio_filepaths, weight, tags}`` sources (and groups of them),
+    blended by weight. See :mod:`speechtrain.data.nemo_adapters` for the sharding.
+    """
+    from lhotse import CutSet
+
+    readers: list[LazyNeMoTarredIterator] = []
+
+    def dataset(manifests: Any, tars: Any, where: str) -> Any:
+        reader = LazyNeMoTarredIterator(
+            expand_paths(manifests, f"{where}manifest_filepath"), expand_paths(tars, f"{where}tarred_audio_filepaths"),
+            cfg.sample_rate, dp_rank, dp_world_size, seed=cfg.seed, shuffle_shards=cfg.shuffle,
+        )  # fmt: skip
+        readers.append(reader)
+        return CutSet(reader)
+
+    def blend(entries: list[Any], where: str) -> Any:
+        parts, weights = [], []
+        for index, entry in enumerate(entries):
+            entry, at = dict(entry), f"{where}[{index}]"
+            kind = entry.get("type", "nemo")
+            if kind == "group":
+                part = blend(entry.get("input_cfg") or [], f"{at}.input_cfg")
+            elif kind == "nemo_tarred":
+                allowed = {"type", "weight", "tags", "manifest_filepath", "tarred_audio_filepaths"}
+                unknown = sorted(set(entry) - allowed)
+                if unknown:
+                    raise ValueError(f"{at}: unknown key(s) {unknown} for a 'nemo_tarred' source; allowed: "
+                                     f"{sorted(allowed)}.")  # fmt: skip
+                part = dataset(entry.get("manifest_filepath"), entry.get("tarred_audio_filepaths"), f"{at}.")
+            else:
+                raise ValueError(
+                    f"{at}.type={kind!r}: a blend with nemo_tarred sources holds only nemo_tarred sources (and groups "
+                    "of them): each rank reads its own shards, and other sources would be read whole by every rank."
+                )
+            if entry.get("tags"):
+                part = part.map(functools.partial(_with_tags, tags=dict(entry["tags"])))
+            parts.append(part)
+            weights.append(float(entry.get("weight", 1.0)))
+        if not parts:
+            raise ValueError(f"{where} is empty.")
+        return parts[0] if len(parts) == 1 else CutSet.mux(*parts, weights=weights, seed=cfg.seed)
+
+    if cfg.input_cfg:
+        return _filtered(blend(list(cfg.input_cfg), "input_cfg"), cfg, tokenizer), readers
+    tars, manifests = cfg.tarred_audio_filepaths, cfg.manifest_filepath
+    if not tars or not manifests:
+        raise ValueError("is_tarred: true needs tarred_audio_filepaths and manifest_filepath.")
+    if isinstance(tars, list | tuple) and any(isinstance(t, list | tuple) for t in tars):
+        if isinstance(manifests, str) or len(manifests) != len(tars):
+            raise ValueError(
+                f"tarred_audio_filepaths is a list of {len(tars)} datasets (lists of tars): manifest_filepath must be "
+                "a list of as many manifest lists, in the same order."
+            )
+        parts = [dataset(m, t, f"[{i}].") for i, (m, t) in enumerate(zip(manifests, tars))]
+        weights = [len(r.tars) for r in readers]
+        cuts = CutSet.mux(*parts, weights=weights, seed=cfg.seed)
+    else:
+        cuts = dataset(manifests, tars, "")
+    return _filtered(cuts, cfg, tokenizer), readers
+
+
+def _names_tarred(entries: Any) -> bool:
+    """Whether an ``input_cfg`` list names a ``nemo_tarred`` source (at any depth)."""
+    for entry in entries or []:
+        entry = dict(entry)
+        if entry.get("type") == "nemo_tarred" or (
+            entry.get("type") == "group" and _names_tarred(entry.get("input_cfg"))
+        ):
+            return True
+    return False
+
+
+def _metadata_duration_bins(readers: list[LazyNeMoTarredIterator], cfg: LoaderConfig) -> list[float]:
+    """Bucket bins estimated from the manifests of tarred data (lhotse would read 10,000 utterances' audio)."""
+    from lhotse import CutSet
+    from lhotse.dataset.sampling.dynamic_bucketing import estimate_duration_buckets
+
+    keep = _CutFilter(cfg, None) if cfg.min_tps is None and cfg.max_tps is None else None
+    per_reader = max(1, 10_000 // len(readers))
+    cuts = [c for r in readers for c in r.iter_metadata(per_reader) if keep is None or not keep.active or keep(c)]
+    bins = estimate_duration_buckets(CutSet.from_cuts(cuts), num_buckets=cfg.num_buckets)
+    logger.info("tarred data: bucket_duration_bins estimated from %d manifest entries: %s", len(cuts),
+                [round(b, 3) for b in bins])  # fmt: skip
+    return list(bins)
 
 
 class _CutFilter:
@@ -239,12 +332,22 @@ class _CutFilter:
         self.tokenizer = tokenizer
         self.active = any(v is not None for v in (self.min_duration, self.max_duration, self.min_tps, self.max_tps))
         self.dropped: dict[str, int] = {}
+        self.seen = 0
 
     def _drop(self, reason: str) -> bool:
         self.dropped[reason] = self.dropped.get(reason, 0) + 1
         return False
 
+    def report(self) -> str:
+        """``kept K of N utterances (dropped: reason=count, ...)`` since the last :meth:`reset`."""
+        dropped = ", ".join(f"{reason}={count}" for reason, count in sorted(self.dropped.items())) or "none"
+        return f"kept {self.seen - sum(self.dropped.values())} of {self.seen} utterances (dropped: {dropped})"
+
+    def reset(self) -> None:
+        self.dropped, self.seen = {}, 0
+
     def __call__(self, cut: Any) -> bool:
+        self.seen += 1
         if self.min_duration is not None and cut.duration < self.min_duration:
             return self._drop("too_short")
         if self.max_duration is not None and cut.duration > self.max_duration:
@@ -268,7 +371,7 @@ def build_sampler(cuts: Any, cfg: LoaderConfig, dp_rank: int, dp_world_size: int
     ``SamplingConstraint`` that measures and batches cuts in other units than seconds (e.g. SALM's total length);
     bucket bins are then in its units."""
     with warnings.catch_warnings():
-        # NeMo manifests are read into memory (they are metadata only); lhotse would suggest lazy reading.
+        # Small in-memory cut sets (tests, tools) are fine; lhotse would suggest lazy reading.
         warnings.filterwarnings("ignore", message=".*eagerly read CutSet.*")
         return _build_sampler(cuts, cfg, dp_rank, dp_world_size, constraint)
 
@@ -280,7 +383,7 @@ def _build_sampler(cuts: Any, cfg: LoaderConfig, dp_rank: int, dp_world_size: in
     common = {"shuffle": cfg.shuffle, "drop_last": cfg.drop_last, "seed": cfg.seed, "world_size": dp_world_size,
               "rank": dp_rank}  # fmt: skip
     if constraint is not None:
-        num_buckets = min(cfg.num_buckets, len(cuts)) if not cuts.is_lazy else cfg.num_buckets
+        num_buckets = min(cfg.num_buckets, _count_upto(cuts, cfg.num_buckets))
         if cfg.use_bucketing and num_buckets >= 2:
             return DynamicBucketingSampler(
                 cuts, constraint=constraint, num_buckets=num_buckets, duration_bins=cfg.bucket_duration_bins,
@@ -318,10 +421,11 @@ def _build_sampler(cuts: Any, cfg: LoaderConfig, dp_rank: int, dp_world_size: in
         "quadratic_duration": cfg.quadratic_duration,
     }
     num_buckets = cfg.num_buckets
-    if cfg.use_bucketing and cfg.bucket_duration_bins is None and not cuts.is_lazy and len(cuts) < num_buckets:
+    available = _count_upto(cuts, num_buckets) if cfg.use_bucketing and cfg.bucket_duration_bins is None else 0
+    if cfg.use_bucketing and cfg.bucket_duration_bins is None and available < num_buckets:
         # A small set (a dev set, a smoke test) cannot fill the default number of buckets: use fewer.
-        num_buckets = len(cuts)
-        logger.info("only %d utterances: bucketing with %d buckets instead of %d", len(cuts), num_buckets,
+        num_buckets = available
+        logger.info("only %d utterances: bucketing with %d buckets instead of %d", available, num_buckets,
                     cfg.num_buckets)  # fmt: skip
     if cfg.use_bucketing and num_buckets >= 2:
         # The bucketing sampler shuffles within its buffer (bucket_buffer_size); shuffle_buffer_size is for the
@@ -333,6 +437,11 @@ def _build_sampler(cuts: Any, cfg: LoaderConfig, dp_rank: int, dp_world_size: in
     return DynamicCutSampler(cuts, shuffle_buffer_size=cfg.shuffle_buffer_size, **limits, **common)
 
 
+def _count_upto(cuts: Any, limit: int) -> int:
+    """How many cuts there are, counting no further than ``limit`` (cheap on a lazy set of any size)."""
+    return sum(1 for _ in itertools.islice(cuts, limit))
+
+
 class ResumableSampler:
     """A lhotse sampler that can resume mid-epoch: ``resume(epoch, batches_done)`` makes the next pass over that
     epoch skip the batches already trained on (its order is a function of the seed and the epoch)."""
@@ -342,17 +451,23 @@ class ResumableSampler:
         self.epoch = 0
         self._resume: tuple[int, int] | None = None
         self._counts: dict[int, int] = {}
+        predicate = getattr(getattr(getattr(sampler, "cuts", [None])[0], "data", None), "predicate", None)
+        self._filter = predicate if isinstance(predicate, _CutFilter) else None
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
         self.sampler.set_epoch(epoch)
 
-    def batches_per_epoch(self) -> int:
-        """Batches in one pass at the current epoch (counted from metadata once per epoch: a full pass over the
-        sampler; batch counts vary a little by epoch)."""
-        if self.epoch not in self._counts:
-            self._counts[self.epoch] = sum(1 for _ in self.sampler)
-        return self._counts[self.epoch]
+    def batches_per_epoch(self, limit: int | None = None) -> int:
+        """Batches in one pass at the current epoch (counted from metadata once per epoch: a pass over the sampler;
+        batch counts vary a little by epoch). With ``limit``, counting stops after ``limit + 1`` batches: a result
+        above ``limit`` means "more than ``limit``" (a huge manifest need not be read to the end)."""
+        if self.epoch in self._counts:
+            return self._counts[self.epoch]
+        count = sum(1 for _ in itertools.islice(self.sampler, None if limit is None else limit + 1))
+        if limit is None or count <= limit:
+            self._counts[self.epoch] = count
+        return count
 
     def resume(self, epoch: int, batches_done: int) -> None:
         """Continue from a checkpoint taken after ``batches_done`` batches of ``epoch``.
@@ -361,7 +476,7 @@ class ResumableSampler:
         starts the data iterator before it announces the epoch of a resumed run.
         """
         self.set_epoch(epoch)
-        if batches_done >= self.batches_per_epoch():
+        if batches_done >= self.batches_per_epoch(limit=batches_done):
             self.set_epoch(epoch + 1)
             self._resume = None
         else:
@@ -375,12 +490,76 @@ class ResumableSampler:
             self._resume = None
             for _ in range(skip):
                 next(batches, None)
+        if self._filter is not None:
+            self._filter.reset()
         # Not ``yield from``: a lhotse sampler is its own iterator and would restart its pass on iter().
         while True:
             try:
                 yield CutBatch(next(batches), self.epoch)
             except StopIteration:
+                if self._filter is not None:
+                    logger.info("epoch %d: dataset filters %s", self.epoch, self._filter.report())
                 return
+
+
+class StreamSampler:
+    """The sampler of data without epochs (NeMo tarred): one endless, seeded stream of batches per rank, cut into
+    Lightning epochs of ``epoch_batches`` batches (``trainer.limit_train_batches``).
+
+    Epoch ``e`` takes batches ``e * epoch_batches`` to ``(e + 1) * epoch_batches - 1`` of the stream, whatever
+    happened before (an epoch left early is skipped to its end), so each epoch sees new data and a resumed run sees
+    what the uninterrupted one saw. ``resume`` skips the batches already trained on by drawing them again (their
+    audio is read, not decoded).
+
+    Args:
+        sampler: a lhotse sampler over this rank's stream (``world_size=1``: the data is split by rank already).
+        epoch_batches: batches per Lightning epoch; None: one endless epoch (``trainer.max_steps`` ends the run).
+    """
+
+    def __init__(self, sampler: Any, epoch_batches: int | None = None) -> None:
+        self.sampler = sampler
+        self.epoch_batches = epoch_batches
+        self.epoch = 0
+        self._stream: Any = None
+        self._position = 0  # batches drawn from the stream so far
+        self._resume: tuple[int, int] | None = None  # (epoch, batches already trained) of a resumed run
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def batches_per_epoch(self, limit: int | None = None) -> int:
+        if self.epoch_batches is None:
+            raise ValueError(
+                "NeMo tarred data has no epochs: set trainer.limit_train_batches=<batches per epoch> (an int) and "
+                "trainer.max_steps, as with NeMo."
+            )
+        return self.epoch_batches
+
+    def resume(self, epoch: int, batches_done: int) -> None:
+        """Continue from a checkpoint taken after ``batches_done`` batches of ``epoch``: the next pass over that
+        epoch skips them (if Lightning moves on to another epoch instead, that epoch starts at its own place)."""
+        if self.epoch_batches is not None and batches_done >= self.epoch_batches:
+            epoch, batches_done = epoch + 1, 0
+        self.set_epoch(epoch)
+        self._resume = (epoch, batches_done)
+
+    def __iter__(self) -> Any:
+        start = self.epoch * (self.epoch_batches or 0)
+        if self._resume is not None:
+            epoch, done = self._resume
+            self._resume = None
+            if epoch == self.epoch:
+                start += done
+        if self._stream is None or self._position > start:
+            self._stream, self._position = iter(self.sampler), 0
+        for _ in range(start - self._position):
+            next(self._stream)
+        self._position = start
+        end = None if self.epoch_batches is None else (self.epoch + 1) * self.epoch_batches
+        while end is None or self._position < end:
+            batch = next(self._stream)
+            self._position += 1
+            yield CutBatch(batch, self.epoch)
 
 
 def get_lhotse_dataloader_from_config(
@@ -391,6 +570,7 @@ def get_lhotse_dataloader_from_config(
     *,
     cuts: Any = None,
     constraint: Any = None,
+    epoch_batches: int | None = None,
 ) -> DataLoader:
     """The dataloader for one dataset node (see module docstring).
 
@@ -402,12 +582,20 @@ def get_lhotse_dataloader_from_config(
             ``tokenizer`` attribute, if any, counts tokens for the ``min_tps``/``max_tps`` filters.
         cuts: cuts to read instead of those ``cfg`` names (a caller that adds its own sources).
         constraint: a lhotse sampling constraint in other units than seconds (see :func:`build_sampler`).
+        epoch_batches: batches per epoch of data without epochs (NeMo tarred; ``trainer.limit_train_batches``).
     """
     if not isinstance(cfg, LoaderConfig):
         cfg = loader_config(cfg)
-    if cuts is None:
-        cuts = read_cuts(cfg, tokenizer=getattr(dataset, "tokenizer", None))
-    sampler = ResumableSampler(build_sampler(cuts, cfg, dp_rank, dp_world_size, constraint))
+    tokenizer = getattr(dataset, "tokenizer", None)
+    if cfg.is_tarred or _names_tarred(cfg.input_cfg):
+        stream, readers = read_tarred_cuts(cfg, dp_rank, dp_world_size, tokenizer)
+        if cfg.use_bucketing and cfg.bucket_duration_bins is None and cfg.bucket_batch_size is None:
+            cfg = dataclasses.replace(cfg, bucket_duration_bins=_metadata_duration_bins(readers, cfg))
+        sampler: Any = StreamSampler(build_sampler(stream, cfg, 0, 1, constraint), epoch_batches)
+    else:
+        if cuts is None:
+            cuts = read_cuts(cfg, tokenizer=tokenizer)
+        sampler = ResumableSampler(build_sampler(cuts, cfg, dp_rank, dp_world_size, constraint))
     # Its own generator: starting an epoch's iterator must not draw from the global RNG, or a run resumed
     # mid-epoch (which starts one more iterator) would see different dropout than the uninterrupted run.
     return DataLoader(

@@ -3,6 +3,7 @@
 import json
 import math
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -53,7 +54,13 @@ def _parse_record(line: bytes, where: str, folder: Path) -> dict[str, Any] | Non
 
 
 def read_nemo_manifest(path: str | os.PathLike) -> list[dict[str, Any]]:
-    """Read and validate a NeMo JSON-lines manifest.
+    """Read and validate a whole NeMo JSON-lines manifest into memory (see :func:`iter_nemo_manifest`; the
+    training loaders read manifests lazily, line by line)."""
+    return list(iter_nemo_manifest(path))
+
+
+def iter_nemo_manifest(path: str | os.PathLike) -> Iterator[dict[str, Any]]:
+    """Read and validate a NeMo JSON-lines manifest one line at a time (memory does not grow with its length).
 
     Every non-blank line must be a JSON object with ``audio_filepath`` (str), ``duration`` (seconds, a finite
     number >= 0) and ``text`` (str, may be empty). ``offset`` (seconds) is optional. Other keys are kept.
@@ -61,7 +68,7 @@ def read_nemo_manifest(path: str | os.PathLike) -> list[dict[str, Any]]:
     Args:
         path: Manifest file.
 
-    Returns:
+    Yields:
         One dict per utterance, in file order, with ``audio_filepath`` resolved against the manifest's folder
         when relative, ``duration`` and ``offset`` (default 0.0) as floats.
 
@@ -74,7 +81,6 @@ def read_nemo_manifest(path: str | os.PathLike) -> list[dict[str, Any]]:
     if not path.is_file():
         raise FileNotFoundError(f"manifest not found: {path}")
     folder = path.parent
-    records = []
     with open(path, "rb") as f:
         line_number = 0
         while line := f.readline(MAX_LINE_BYTES + 2):
@@ -86,5 +92,4 @@ def read_nemo_manifest(path: str | os.PathLike) -> list[dict[str, Any]]:
                 line = line[3:]
             record = _parse_record(line, where, folder)
             if record is not None:
-                records.append(record)
-    return records
+                yield record

@@ -147,8 +147,8 @@ def test_validation_set_names():
 
 
 class _Sampler:
-    def batches_per_epoch(self):
-        return 10
+    def batches_per_epoch(self, limit=None):
+        return 10 if limit is None else min(10, limit + 1)
 
 
 class _Trainer:
@@ -161,7 +161,9 @@ class _Trainer:
 
 
 def test_a_run_that_would_never_validate_fails_at_start():
-    with pytest.raises(ValueError, match="max_steps=5 steps, before the first validation at batch 10"):
+    with pytest.raises(
+        ValueError, match="max_steps=5 steps, before the first validation after batch 5 .an epoch has more than 5"
+    ):
         check_validation_schedule(_Trainer(), _Sampler(), True)
     check_validation_schedule(_Trainer(), _Sampler(), False)  # nothing to validate: nothing to check
     ok = _Trainer()
@@ -173,6 +175,11 @@ def test_a_run_that_would_never_validate_fails_at_start():
         check_validation_schedule(steps, _Sampler(), True)
     steps.check_val_every_n_epoch = None
     check_validation_schedule(steps, _Sampler(), True)
+    short = _Trainer()  # epochs cut to 4 batches by limit_train_batches validate after batch 4
+    short.limit_train_batches = 4
+    check_validation_schedule(short, _Sampler(), True)
+    short.limit_train_batches = 0.3  # 3 of the 10 batches
+    check_validation_schedule(short, _Sampler(), True)
     epochs = _Trainer()
     epochs.max_steps, epochs.max_epochs, epochs.check_val_every_n_epoch = -1, 2, 3
     with pytest.raises(ValueError, match="check_val_every_n_epoch=3 but trainer.max_epochs=2"):

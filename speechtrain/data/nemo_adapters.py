@@ -1,0 +1,267 @@
+"""NeMo data as lazy lhotse cut sources: JSON-lines manifests and tarred audio datasets.
+
+Both are lhotse lazy iterators (wrap them in ``lhotse.CutSet``): nothing is read until the sampler asks for the
+next cut, so a 10-million-line manifest starts training in seconds and memory does not grow with its length.
+
+lhotse 1.33 reads its own formats (cuts, Shar) lazily but has no reader for NeMo's formats (NeMo keeps its
+adapters in NeMo, which speechtrain does not import); these two are written here on lhotse's building blocks
+(``Dillable``, ``Recording.from_bytes``, ``MonoCut``).
+
+**NeMo tarred datasets** (``is_tarred: true``): audio files packed into tar shards (``audio_{0..127}.tar``),
+described by one manifest per shard (``manifest_{0..127}.json``, paired by position) or by one manifest whose
+entries carry ``shard_id``. Each manifest entry's ``audio_filepath`` names a tar member (by its base name).
+
+Sharding: the shard list is permuted once per pass over the data with ``seed + pass`` (the same permutation on
+every rank) and data-parallel rank ``r`` of ``W`` reads shards ``perm[r::W]``: within a pass every shard is read
+by exactly one rank, once. Tars are read sequentially in the rank's main process (the sampler's side) and the
+audio bytes travel with the cuts to the loader workers, which decode them: so no shard is opened by two workers
+either. Passes follow each other without end (tarred data has no epochs, as in NeMo): the training length is
+``trainer.max_steps`` and the epoch length ``trainer.limit_train_batches``.
+"""
+
+import io
+import logging
+import os
+import random
+import tarfile
+import zlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from lhotse import Recording, SupervisionSegment
+from lhotse.audio import AudioSource
+from lhotse.cut import MonoCut
+from lhotse.lazy import Dillable
+
+from speechtrain.data.manifest import ManifestError, iter_nemo_manifest
+
+logger = logging.getLogger("speechtrain.data")
+
+_KNOWN = ("audio_filepath", "offset", "duration", "text", "lang", "speaker")
+
+
+def _source_tag(path: str | os.PathLike) -> str:
+    # The manifest's path is part of every cut ID: corpora whose files share names stay distinct when blended.
+    return f"{zlib.crc32(str(Path(path).resolve()).encode()):08x}"
+
+
+def cut_from_record(record: dict[str, Any], cut_id: str, sample_rate: int, recording: Recording | None = None) -> Any:
+    """A lhotse ``MonoCut`` for one NeMo manifest record (metadata only unless ``recording`` holds the audio).
+
+    Extra manifest keys are kept as the cut's custom fields; ``lang`` and ``speaker`` become the supervision's
+    language and speaker.
+    """
+    offset, duration = record["offset"], record["duration"]
+    if recording is None:
+        rate = int(record.get("sampling_rate", sample_rate))
+        recording = Recording(
+            id=cut_id,
+            sources=[AudioSource(type="file", channels=[0], source=record["audio_filepath"])],
+            sampling_rate=rate,
+            num_samples=round((offset + duration) * rate),
+            duration=offset + duration,
+        )
+    supervision = SupervisionSegment(
+        id=cut_id, recording_id=recording.id, start=offset, duration=duration, channel=0, text=record["text"],
+        language=record.get("lang"), speaker=None if record.get("speaker") is None else str(record["speaker"]),
+    )  # fmt: skip
+    custom = {k: v for k, v in record.items() if k not in _KNOWN}
+    return MonoCut(id=cut_id, start=offset, duration=duration, channel=0, recording=recording,
+                   supervisions=[supervision], custom=custom or None)  # fmt: skip
+
+
+class LazyNeMoManifest(Dillable):
+    """The cuts of a NeMo JSON-lines manifest, read line by line on each iteration.
+
+    Cut IDs are ``<audio file stem>-<hash of the manifest path>-<line index>``. A bad line stops the iteration
+    with a :class:`~speechtrain.data.manifest.ManifestError` naming the file and line.
+
+    :param path: the manifest.
+    :param sample_rate: the rate assumed for entries without ``sampling_rate`` (only used for sample counts; the
+        reader takes the file's own rate).
+    """
+
+    def __init__(self, path: str | os.PathLike, sample_rate: int = 16000) -> None:
+        self.path = str(path)
+        self.sample_rate = sample_rate
+        if not Path(self.path).is_file():
+            raise FileNotFoundError(f"manifest not found: {self.path}")
+
+    def __iter__(self) -> Iterator[Any]:
+        tag = _source_tag(self.path)
+        for index, record in enumerate(iter_nemo_manifest(self.path)):
+            yield cut_from_record(record, f"{Path(record['audio_filepath']).stem}-{tag}-{index}", self.sample_rate)
+
+    def __len__(self) -> int:
+        return sum(1 for _ in iter_nemo_manifest(self.path))
+
+
+def expand_paths(value: Any, what: str) -> list[str]:
+    """``value`` (a path, a brace pattern ``audio_{0..127}.tar``, NeMo's CLI spelling ``audio__OP_0..127_CL_.tar``,
+    or a list of those) as a flat list of paths, in order."""
+    from braceexpand import braceexpand
+
+    if value is None:
+        return []
+    items = [value] if isinstance(value, str | os.PathLike) else list(value)
+    out: list[str] = []
+    for item in items:
+        if not isinstance(item, str | os.PathLike):
+            raise ValueError(f"{what}: expected a path or a list of paths, got {item!r}")
+        out += list(braceexpand(str(item).replace("_OP_", "{").replace("_CL_", "}")))
+    return out
+
+
+class LazyNeMoTarredIterator(Dillable):
+    """The cuts of a NeMo tarred dataset for one data-parallel rank, pass after pass (see module docstring).
+
+    :param manifests: one manifest per tar (paired by position), or one manifest with ``shard_id`` entries.
+    :param tars: the tar shards (already expanded: see :func:`expand_paths`).
+    :param sample_rate: not used for decoding (the file's own rate is read); kept for parity with the manifests.
+    :param dp_rank: this process's data-parallel rank.
+    :param dp_world_size: the number of data-parallel ranks.
+    :param seed: seeds the shard order of each pass (``seed + pass``); the same on every rank.
+    :param shuffle_shards: permute the shards every pass (training); False reads them in order.
+    :param max_passes: stop after this many passes over the shards (None: never).
+    """
+
+    def __init__(
+        self,
+        manifests: list[str],
+        tars: list[str],
+        sample_rate: int = 16000,
+        dp_rank: int = 0,
+        dp_world_size: int = 1,
+        seed: int = 0,
+        shuffle_shards: bool = True,
+        max_passes: int | None = None,
+    ) -> None:
+        if not tars:
+            raise ValueError("tarred_audio_filepaths names no tar file.")
+        if len(manifests) != len(tars) and len(manifests) != 1:
+            raise ValueError(
+                f"tarred_audio_filepaths expands to {len(tars)} tar files but manifest_filepath to {len(manifests)} "
+                "manifests: give one manifest per tar (same order, e.g. manifest_{0..N}.json with audio_{0..N}.tar) "
+                "or a single manifest whose entries carry shard_id."
+            )
+        missing = [p for p in [*manifests, *tars] if not Path(p).is_file()]
+        if missing:
+            raise FileNotFoundError(f"NeMo tarred dataset: {len(missing)} file(s) not found: {', '.join(missing[:3])}")
+        if len(tars) < dp_world_size:
+            raise ValueError(
+                f"NeMo tarred dataset: {len(tars)} tar shard(s) for {dp_world_size} data-parallel ranks; every rank "
+                "needs at least one shard (re-shard the data into more tars)."
+            )
+        self.manifests, self.tars = [str(m) for m in manifests], [str(t) for t in tars]
+        self.sample_rate = sample_rate
+        self.dp_rank, self.dp_world_size = dp_rank, dp_world_size
+        self.seed, self.shuffle_shards, self.max_passes = seed, shuffle_shards, max_passes
+        self._tags: dict[str, str] = {}
+
+    def shards(self, pass_index: int) -> list[int]:
+        """Indices of the shards this rank reads in pass ``pass_index``, in reading order."""
+        order = list(range(len(self.tars)))
+        if self.shuffle_shards:
+            random.Random(self.seed + pass_index).shuffle(order)
+        return order[self.dp_rank :: self.dp_world_size]
+
+    def _entries(self, shard: int) -> Iterator[tuple[int, dict[str, Any], str]]:
+        """(line index, record, manifest path) of the entries of ``shard``."""
+        if len(self.manifests) == len(self.tars):
+            path = self.manifests[shard]
+            for index, record in enumerate(iter_nemo_manifest(path)):
+                yield index, record, path
+            return
+        path = self.manifests[0]
+        for index, record in enumerate(iter_nemo_manifest(path)):
+            if "shard_id" not in record:
+                raise ManifestError(f"{path}:{index + 1}: a single manifest for {len(self.tars)} tars needs shard_id")
+            if int(record["shard_id"]) == shard:
+                yield index, record, path
+
+    def read_shard(self, shard: int, with_audio: bool = True) -> Iterator[Any]:
+        """The cuts of one shard, in tar order (audio bytes attached when ``with_audio``)."""
+        by_name: dict[str, list[tuple[int, dict[str, Any], str]]] = {}
+        for index, record, path in self._entries(shard):
+            by_name.setdefault(os.path.basename(record["audio_filepath"]), []).append((index, record, path))
+        tar_path = self.tars[shard]
+        if not with_audio:  # metadata only (bucket bins): the manifest alone
+            for entries in by_name.values():
+                yield from (self._cut(shard, index, record, path, None) for index, record, path in entries)
+            return
+        found = 0
+        try:
+            with tarfile.open(tar_path, mode="r|*") as tar:  # streaming: one sequential read of the shard
+                for member in tar:
+                    entries = by_name.get(os.path.basename(member.name)) if member.isfile() else None
+                    if not entries:
+                        continue
+                    data = tar.extractfile(member).read()
+                    recording = Recording.from_bytes(data, recording_id=f"{tar_path}/{member.name}")
+                    for index, record, path in entries:
+                        found += 1
+                        yield self._cut(shard, index, record, path, recording)
+        except (tarfile.TarError, OSError) as error:
+            raise ValueError(f"NeMo tarred dataset: cannot read shard {tar_path}: {error}") from error
+        expected = sum(len(v) for v in by_name.values())
+        if found < expected:
+            logger.warning("NeMo tarred dataset: %d of %d manifest entries of shard %s have no audio in %s; skipped",
+                           expected - found, expected, shard, tar_path)  # fmt: skip
+
+    def _cut(self, shard: int, index: int, record: dict[str, Any], path: str, recording: Recording | None) -> Any:
+        if path not in self._tags:
+            self._tags[path] = _source_tag(path)
+        cut_id = f"{Path(record['audio_filepath']).stem}-{self._tags[path]}-{index}"
+        if recording is None:
+            # Metadata only: a placeholder recording long enough for the segment (never read).
+            end = record["offset"] + record["duration"]
+            recording = Recording(id=cut_id, sources=[AudioSource(type="memory", channels=[0], source=b"")],
+                                  sampling_rate=self.sample_rate, num_samples=round(end * self.sample_rate),
+                                  duration=end)  # fmt: skip
+        cut = cut_from_record(record, cut_id, self.sample_rate, recording)
+        cut.shard_origin = self.tars[shard]
+        return cut
+
+    def iter_metadata(self, limit: int) -> Iterator[Any]:
+        """Up to ``limit`` cuts of this rank's first pass, from the manifests only (no tar is opened)."""
+        count = 0
+        for shard in self.shards(0):
+            for cut in self.read_shard(shard, with_audio=False):
+                yield cut
+                count += 1
+                if count >= limit:
+                    return
+
+    def __iter__(self) -> Iterator[Any]:
+        pass_index = 0
+        while self.max_passes is None or pass_index < self.max_passes:
+            for shard in self.shards(pass_index):
+                yield from self.read_shard(shard)
+            pass_index += 1
+
+
+def write_tarred_dataset(
+    records: list[dict[str, Any]], out_dir: str | os.PathLike, num_shards: int
+) -> tuple[str, str]:
+    """Pack the audio of NeMo manifest ``records`` into ``num_shards`` tars with one manifest per shard, NeMo's
+    layout (``audio_<i>.tar``, ``manifest_<i>.json``; entries name their tar member and carry ``shard_id``).
+
+    Returns:
+        The brace patterns ``(manifest_filepath, tarred_audio_filepaths)`` of the dataset.
+    """
+    import json
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    for shard in range(num_shards):
+        part = records[shard::num_shards]
+        with tarfile.open(out / f"audio_{shard}.tar", "w") as tar, open(out / f"manifest_{shard}.json", "w") as f:
+            for index, record in enumerate(part):
+                data = Path(record["audio_filepath"]).read_bytes()
+                name = f"{Path(record['audio_filepath']).stem}-{shard}-{index}{Path(record['audio_filepath']).suffix}"
+                info = tarfile.TarInfo(name)
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+                f.write(json.dumps({**record, "audio_filepath": name, "shard_id": shard}) + "\n")
+    return str(out / f"manifest_{{0..{num_shards - 1}}}.json"), str(out / f"audio_{{0..{num_shards - 1}}}.tar")

@@ -1,0 +1,101 @@
+"""Long audio: chunked CTC inference with overlap gives the whole-file output, word timestamps from the alignment."""
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import soundfile as sf
+import torch
+
+from speechtrain.asr.ctc import ConformerCTCModel
+from speechtrain.asr.long_audio import transcribe_chunked, word_timestamps
+from speechtrain.asr.tokenizers import CharTokenizer
+from speechtrain.asr.transcribe import transcribe_paths
+
+RATE, HOP = 1000, 10  # 10 ms output frames
+VOCAB = [" ", *"abcdefgh"]
+
+
+class LabelReader(torch.nn.Module):
+    """A stand-in CTC model whose output at each frame is the label written into the audio there (the audio holds
+    label / 10 per sample; blank where it is 0), so that any merging error shows."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tokenizer = CharTokenizer(VOCAB)
+        self.blank = len(VOCAB)
+        self.cfg = SimpleNamespace(sample_rate=RATE, decoding=SimpleNamespace(strategy="greedy"))
+        self.device = torch.device("cpu")
+
+    def output_frames(self, samples: int) -> int:
+        return samples // HOP
+
+    def forward(self, audio: torch.Tensor, lens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        frames = audio.shape[1] // HOP
+        values = torch.round(audio[:, HOP // 2 :: HOP][:, :frames] * 10).long()  # (B, F)
+        labels = torch.where(values > 0, values - 1, torch.full_like(values, self.blank))
+        return torch.log_softmax(10.0 * torch.nn.functional.one_hot(labels, self.blank + 1).float(), -1), lens // HOP
+
+
+def _write_words(path, words, rate=RATE):
+    """A file that 'says' ``words``: per character 3 frames of its label, 2 blank frames between characters, a
+    space label between words; returns the expected (word, start, end)."""
+    frames, expected, t = [], [], 0
+    for w, word in enumerate(words):
+        if w:
+            frames += [VOCAB.index(" ") + 1] * 2 + [0] * 3
+            t += 5
+        start = t
+        for char in word:
+            frames += [VOCAB.index(char) + 1] * 3 + [0] * 2
+            t += 5
+        expected.append((word, start * 0.01, (t - 2) * 0.01))
+    frames += [0] * 50
+    audio = np.repeat(np.array(frames, dtype=np.float32) / 10, HOP)
+    sf.write(path, audio, rate, subtype="FLOAT")
+    return expected
+
+
+def test_chunked_output_equals_the_whole_file_and_timestamps_follow_the_alignment(tmp_path):
+    rng = np.random.default_rng(0)
+    words = ["".join(rng.choice(list("abcdefgh"), size=rng.integers(1, 5))) for _ in range(400)]
+    path = tmp_path / "long.wav"
+    expected = _write_words(path, words)
+    assert sf.info(path).duration > 60
+    model = LabelReader()
+    whole = transcribe_chunked(model, path, chunk_len=1e6, overlap=0, timestamps=True)
+    for chunk_len, overlap in ((7.0, 2.0), (3.33, 0.5), (10.0, 0.0)):
+        chunked = transcribe_chunked(model, path, chunk_len=chunk_len, overlap=overlap, timestamps=True, batch_size=3)
+        assert chunked.text == whole.text == " ".join(words)
+        assert chunked.words == whole.words
+    assert [(w["word"], w["start"], w["end"]) for w in whole.words] == [
+        (word, pytest.approx(start), pytest.approx(end)) for word, start, end in expected
+    ]
+
+
+def test_word_timestamps_of_sentencepiece_pieces():
+    tokenizer = SimpleNamespace(
+        vocab=["<unk>", "\u2581he", "llo", "\u2581wor", "ld"],
+        decode=lambda ids: "".join(["?", " he", "llo", " wor", "ld"][i] for i in ids).strip(),
+    )
+    labels = torch.tensor([5, 1, 1, 5, 2, 5, 5, 3, 4, 4, 5])  # blank = 5
+    words = word_timestamps(labels, 5, tokenizer, 0.08, offset=1.0)
+    assert words == [{"word": "hello", "start": 1.08, "end": 1.4}, {"word": "world", "start": 1.56, "end": 1.8}]
+
+
+def test_transcription_chunks_long_files_of_a_real_model_and_reports_words(tmp_path):
+    torch.manual_seed(0)
+    model = ConformerCTCModel({"size": "debug", "tokenizer": {"vocab": VOCAB}, "preprocessor": {"dither": 0.0},
+                               "decoding": {"strategy": "greedy"}}).eval()  # fmt: skip
+    audio = 0.1 * np.random.default_rng(1).standard_normal(16000 * 50).astype(np.float32)
+    sf.write(tmp_path / "long.wav", audio, 16000)
+    sf.write(tmp_path / "short.wav", audio[: 16000 * 3], 16000)
+    rows = transcribe_paths(model, [str(tmp_path / "long.wav"), str(tmp_path / "short.wav")], chunk_len=20.0,
+                            chunk_overlap=4.0, timestamps=True)  # fmt: skip
+    assert all(r["pred_text"] is not None and "error" not in r for r in rows)
+    for row in rows:
+        times = [t for w in row["words"] for t in (w["start"], w["end"])]
+        assert times == sorted(times) and (not times or times[-1] <= row["duration"] + 0.1)
+    assert rows[0]["words"] and rows[0]["words"][-1]["end"] > 20, "words from every chunk"
+    with pytest.raises(ValueError, match="timestamps=true needs a CTC model"):
+        transcribe_paths(SimpleNamespace(transcribe=None), [str(tmp_path / "short.wav")], timestamps=True)

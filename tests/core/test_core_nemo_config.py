@@ -1,0 +1,95 @@
+"""NeMo training YAMLs are translated key by key (never imported) and build our model."""
+
+import logging
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from speechtrain.asr.ctc import ConformerCTCConfig, ConformerCTCModel
+from speechtrain.asr.tokenizers import train_sentencepiece
+from speechtrain.core.config import ConfigError
+from speechtrain.core.hydra_runner import compose_config
+from speechtrain.core.job import train_job_schema
+from speechtrain.core.nemo_config import is_nemo_config, translate_nemo_config
+
+CONF = Path(__file__).parent / "nemo_conf"
+NAME = "fast-conformer_ctc_bpe"
+SCHEMA = train_job_schema(ConformerCTCConfig)
+
+
+@pytest.fixture(scope="module")
+def tokenizer_dir(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("tok")
+    texts = [f"the {w} sat on the mat number {i}" for i, w in enumerate(["cat", "dog", "bird", "fish"] * 20)]
+    train_sentencepiece(texts, out, vocab_size=40)
+    return out
+
+
+def test_the_published_fast_conformer_yaml_composes_translates_and_builds_on_meta(tokenizer_dir, caplog):
+    overrides = [f"model.tokenizer.dir={tokenizer_dir}", "model.train_ds.manifest_filepath=train.json",
+                 "model.validation_ds.manifest_filepath=dev.json", "model.optim.sched.name=NoamAnnealing",
+                 "model.optim.sched.warmup_steps=null", "model.optim.sched.warmup_ratio=0.05"]  # fmt: skip
+    with caplog.at_level(logging.INFO, logger="speechtrain.core.nemo_config"):
+        cfg = compose_config(CONF, NAME, overrides, SCHEMA)
+    enc = cfg.model.encoder
+    assert (enc.num_layers, enc.d_model, enc.num_heads, enc.subsampling, enc.subsampling_factor) == (
+        18, 512, 8, "dw_striding", 8)  # fmt: skip
+    assert enc.xscaling is True and enc.conv_kernel_size == 9 and cfg.model.preprocessor.n_mels == 80
+    assert cfg.model.tokenizer.path == str(tokenizer_dir / "tokenizer.model")
+    assert cfg.model.optim.sched.name == "NoamAnnealing" and cfg.model.optim.sched.warmup_ratio == 0.05
+    assert cfg.model.optim.sched.min_lr == 1e-4 and cfg.model.optim.betas == [0.9, 0.98]
+    assert cfg.model.train_ds.batch_size == 16 and cfg.model.train_ds.shuffle_buffer_size == 2048
+    assert cfg.model.train_ds.manifest_filepath == "train.json" and cfg.model.train_ds.max_duration == 16.7
+    assert cfg.trainer.strategy == {} and cfg.trainer.sync_batchnorm is False and cfg.trainer.devices == -1
+    assert cfg.exp_manager.checkpoint_callback_params.save_top_k == 5 and cfg.name == "FastConformer-CTC-BPE"
+    lines = [r.getMessage() for r in caplog.records]
+    assert "nemo: model.encoder.n_layers=18 -> model.encoder.num_layers=18" in lines
+    assert "nemo: model.encoder.n_heads=8 -> model.encoder.num_heads=8" in lines
+    assert any(line.startswith("nemo: trainer.strategy=ddp -> trainer.strategy={}") for line in lines)
+    assert any(line.startswith("nemo: model.encoder._target_=nemo.collections.asr.modules.ConformerEncoder") for line
+               in lines)  # fmt: skip
+    model = ConformerCTCModel(cfg.model)  # the tokenizer and config; the layers are built by configure_model
+    with torch.device("meta"):  # the weights (the log-mel front end has none, and torchaudio needs real tensors)
+        encoder, width = model.build_encoder()
+        head = torch.nn.Linear(width, model.tokenizer.vocab_size + 1)
+    assert all(p.is_meta for p in encoder.parameters())
+    parameters = sum(p.numel() for p in [*encoder.parameters(), *head.parameters()])
+    # NeMo's FastConformer-CTC large is ~115M parameters (its 1024-piece vocabulary adds 0.5M to the head).
+    assert 100e6 < parameters < 120e6, parameters
+
+
+def test_values_that_cannot_be_honoured_are_all_refused_by_name(tokenizer_dir):
+    overrides = [f"model.tokenizer.dir={tokenizer_dir}", "model.encoder.self_attention_model=abs_pos",
+                 "model.optim.name=novograd", "model.tokenizer.type=wpe", "trainer.strategy=fsdp",
+                 "model.encoder.stochastic_depth_drop_prob=0.1", "+model.encoder.n_layerz=3"]  # fmt: skip
+    with pytest.raises(ConfigError) as error:
+        compose_config(CONF, NAME, overrides, SCHEMA)
+    message = str(error.value)
+    for culprit in ("model.encoder.self_attention_model=abs_pos", "model.optim.name=novograd",
+                    "model.tokenizer.type=wpe", "trainer.strategy=fsdp", "model.encoder.stochastic_depth_drop_prob",
+                    "model.encoder.n_layerz=3: no speechtrain equivalent"):  # fmt: skip
+        assert culprit in message
+    assert "6 setting(s)" in message or "7 setting(s)" in message
+
+
+def test_another_nemo_class_is_refused_and_never_imported():
+    cfg = {"model": {"encoder": {"_target_": "nemo.collections.asr.modules.ConvASREncoder", "jasper": []}}}
+    assert is_nemo_config(cfg) and not is_nemo_config({"model": {"encoder": {"d_model": 3}}})
+    with pytest.raises(ConfigError, match="has no ConvASREncoder encoder"):
+        translate_nemo_config(cfg)
+    assert "nemo" not in sys.modules
+
+
+def test_the_training_script_takes_a_nemo_yaml_and_prints_the_translated_config(tokenizer_dir):
+    script = Path(__file__).parents[2] / "examples" / "asr_train.py"
+    result = subprocess.run(
+        [sys.executable, str(script), "--config-path", str(CONF), "--config-name", NAME, "--cfg",
+         f"model.tokenizer.dir={tokenizer_dir}", "model.encoder.n_layers=2"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "num_layers: 2" in result.stdout and "n_layers" not in result.stdout
+    assert "nemo: model.encoder.n_layers=2 -> model.encoder.num_layers=2" in result.stderr
