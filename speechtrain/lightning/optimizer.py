@@ -65,7 +65,6 @@ class MegatronOptimizer(torch.optim.Optimizer):
         config = OptimizerConfig(
             optimizer="sgd" if name == "sgd" else "adam",
             lr=lr,
-            min_lr=0.0,
             weight_decay=weight_decay,
             adam_beta1=betas[0],
             adam_beta2=betas[1],
@@ -77,12 +76,7 @@ class MegatronOptimizer(torch.optim.Optimizer):
             params_dtype=torch.bfloat16 if precision == "bf16-true" else torch.float32,
             use_distributed_optimizer=engine.use_distributed_optimizer,
             clip_grad=clip_grad,
-            # NeMo's fp16 loss-scale defaults
-            initial_loss_scale=2.0**32,
-            min_loss_scale=1.0,
-            loss_scale_window=1000,
-            hysteresis=2,
-        )
+        )  # fp16 loss scaling keeps Megatron's defaults, which are NeMo's: 2^32, min 1, window 1000, hysteresis 2
         with building_optimizer():
             mcore = get_megatron_optimizer(config, [engine.ddp])
         if len(getattr(mcore, "chained_optimizers", ())) == 1:  # a chain of one (no expert parameters here)
