@@ -34,7 +34,7 @@ from typing import Any
 import torch
 import yaml
 
-from speechtrain.core.archive import Archive, ArchiveError
+from speechtrain.core.archive import MODEL_FILE_READERS, Archive, ArchiveError
 
 logger = logging.getLogger(__name__)
 
@@ -456,3 +456,6 @@ def read_nemo(path: str | Path) -> Archive:
                 config["encoder"]["num_layers"], config["encoder"]["d_model"], config["encoder"]["subsampling"],
                 config["encoder"]["subsampling_factor"], tokens)  # fmt: skip
     return Archive({"_target_": TARGET, **config}, weights, artifacts, None, artifact_dir)
+
+
+MODEL_FILE_READERS[".nemo"] = read_nemo

@@ -19,6 +19,7 @@ import json
 import os
 import tarfile
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -239,11 +240,17 @@ def read_archive(path: str | Path) -> Archive:
     return Archive(config, state_dict, artifacts, trainer_config, artifact_dir)
 
 
-def read_model_file(path: str | Path) -> Archive:
-    """A speechtrain archive, or a NeMo ``.nemo`` checkpoint translated to one
-    (:func:`speechtrain.asr.nemo_import.read_nemo`: NeMo's checkpoints here are ASR models)."""
-    if Path(path).suffix == ".nemo":
-        from speechtrain.asr.nemo_import import read_nemo
+# Readers of other frameworks' checkpoint files by suffix, registered by the model family that knows the format
+# (``speechtrain.asr`` registers NeMo's ``.nemo``): core knows no model family.
+MODEL_FILE_READERS: dict[str, Callable[[str | Path], Archive]] = {}
 
-        return read_nemo(path)
+
+def read_model_file(path: str | Path) -> Archive:
+    """A speechtrain archive, or another framework's checkpoint translated to one by its registered reader
+    (:data:`MODEL_FILE_READERS`; a NeMo ``.nemo`` by :func:`speechtrain.asr.nemo_import.read_nemo`)."""
+    suffix = Path(path).suffix
+    if suffix in MODEL_FILE_READERS:
+        return MODEL_FILE_READERS[suffix](path)
+    if suffix == ".nemo":
+        raise ArchiveError(f"{path} is a NeMo checkpoint: import speechtrain.asr, which reads .nemo files, first.")
     return read_archive(path)
