@@ -557,17 +557,21 @@ class CTCModel(SpeechModel):
         self.eval()
         texts: list[str] = []
         try:
-            for start in range(0, len(audio), batch_size):
-                waves = [self._load_audio(a) for a in audio[start : start + batch_size]]
-                lens = torch.tensor([len(w) for w in waves])
-                padded = torch.zeros(len(waves), int(lens.max()))
-                for i, w in enumerate(waves):
-                    padded[i, : len(w)] = w
-                log_probs, lengths = self(padded.to(self.device), lens.to(self.device))
-                texts += self.decode(log_probs, lengths)
+            for padded, lens in self._audio_batches(audio, batch_size):
+                texts += self.decode(*self(padded, lens))
         finally:
             self.train(was_training)
         return texts
+
+    def _audio_batches(self, audio: list[Any], batch_size: int) -> Any:
+        """``audio`` (paths or 1-D arrays) in padded batches on the model's device: (B, T) samples, (B,) lengths."""
+        for start in range(0, len(audio), batch_size):
+            waves = [self._load_audio(a) for a in audio[start : start + batch_size]]
+            lens = torch.tensor([len(w) for w in waves], device=self.device)
+            padded = torch.zeros(len(waves), int(lens.max()), device=self.device)
+            for i, w in enumerate(waves):
+                padded[i, : len(w)] = torch.as_tensor(w, device=self.device)
+            yield padded, lens
 
     def _load_audio(self, item: str | Path | np.ndarray) -> torch.Tensor:
         if isinstance(item, np.ndarray):

@@ -351,13 +351,8 @@ class ConformerTransducerModel(ConformerCTCModel):
         frame_seconds = self.cfg.preprocessor.window_stride * self.cfg.encoder.subsampling_factor
         results = []
         try:
-            for start in range(0, len(audio), batch_size):
-                waves = [self._load_audio(a) for a in audio[start : start + batch_size]]
-                lens = torch.tensor([len(w) for w in waves])
-                padded = torch.zeros(len(waves), int(lens.max()))
-                for i, w in enumerate(waves):
-                    padded[i, : len(w)] = w
-                enc, lengths = self(padded.to(self.device), lens.to(self.device))
+            for padded, lens in self._audio_batches(audio, batch_size):
+                enc, lengths = self(padded, lens)
                 results += [{"text": self.tokenizer.decode(h["ids"]),
                              "words": word_timestamps(self.tokenizer, h["ids"], h["starts"], h["ends"], frame_seconds)}
                             for h in self.greedy_hypotheses(enc, lengths)]  # fmt: skip
