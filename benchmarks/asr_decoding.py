@@ -17,13 +17,13 @@ from speechtrain.asr.transcribe import transcribe_paths
 from speechtrain.core.model import SpeechModel
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("archives", nargs="+")
     parser.add_argument("--audio", default="builtin:espeak/test", help="a NeMo manifest or builtin:<corpus>/<split>")
     parser.add_argument("--strategies", nargs="+", default=["greedy", "beam"])
     parser.add_argument("--batch-duration", type=float, default=300.0)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     manifest = resolve_manifest(args.audio)
     print("| archive | strategy | WER / CER | RTFx | frames per decoder step |\n|---|---|---|---|---|")
     for archive in args.archives:

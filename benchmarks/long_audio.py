@@ -99,12 +99,12 @@ def rtfx(model, row: dict) -> tuple[float, dict]:
     return out["duration"] / seconds, out
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default=None)
     parser.add_argument("--train-seconds", type=float, default=90.0)
     parser.add_argument("--minutes", type=float, default=10.0)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     torch.set_num_threads(1)
     from speechtrain.asr.ctc import ConformerCTCModel
     from speechtrain.core.model import SpeechModel

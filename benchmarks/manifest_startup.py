@@ -74,11 +74,11 @@ def run(manifest: Path, eager: bool) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--lines", type=int, default=1_000_000)
     parser.add_argument("--eager-lines", type=int, default=100_000)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
         rows = []
         for lines, eager in ((args.eager_lines, True), (args.eager_lines, False), (args.lines, False)):

@@ -10,10 +10,18 @@ import pytest
 import torch
 from conftest import example_job, example_main
 
-from speechtrain.lightning import BaseCallback, CallbackGroup, MegatronStrategy, Trainer
+from speechtrain.lightning import BaseCallback, CallbackGroup, MegatronStrategy, Trainer, teardown
 from speechtrain.testing.devices import FACTORIES, DevicelessFactoryCalls, RecordDevicelessFactories
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(autouse=True)
+def _release_the_process_group():
+    """Runs here leave their process group and Megatron state behind on purpose (saving after fit); the next test
+    module starts clean."""
+    yield
+    teardown(None)
 
 
 class _Recorder(BaseCallback, RecordDevicelessFactories):

@@ -98,9 +98,10 @@ def _training_texts(train_data: Any, what: str, *params: Any) -> tuple[list[tupl
     files += [("cuts", Path(c).resolve()) for c in _flat(cuts)]
     if not files:
         raise ValueError(f"There is no train_ds.manifest_filepath or cuts_path to train {what} on.")
-    for _, path in files:
+    for kind, path in files:
         if not path.is_file():
-            raise FileNotFoundError(f"training transcripts for {what}: no such file {path}")
+            key = "manifest_filepath" if kind == "nemo" else "cuts_path"
+            raise FileNotFoundError(f"model.train_ds.{key}={path}: no such file (needed to fit {what}).")
     key = hashlib.sha256(repr([(str(p), p.stat().st_size, *params) for _, p in files]).encode()).hexdigest()[:12]
     return files, key
 

@@ -31,7 +31,7 @@ from omegaconf import DictConfig, OmegaConf
 from speechtrain.common.batch import NoUsableDataError, is_empty_batch, no_usable_data_message
 from speechtrain.common.config import ConfigError, to_plain, validate_config
 from speechtrain.core.archive import read_model_file, write_archive
-from speechtrain.core.optim import OptimConfig, build_optimizer, build_scheduler
+from speechtrain.core.optim import SCHEDULE_ALIASES, SCHEDULES, OptimConfig, build_optimizer, build_scheduler
 from speechtrain.lightning import CallbackGroup, Trainer, hook_class_init_with_callbacks, settings
 from speechtrain.lightning.checkpoint import gather_full_state_dict, shard_full_state_dict
 from speechtrain.lightning.megatron_compat import rng_tracker_states, set_rng_tracker_states
@@ -94,6 +94,9 @@ def _load_source_state_dict(source: "str | Path | SpeechModel | dict[str, torch.
     return read_model_file(path).state_dict
 
 
+SCHEDULE_NAMES = (*SCHEDULES, *SCHEDULE_ALIASES)
+
+
 def check_optim_config(optim: Any) -> None:
     """Refuse, by key, optimizer settings that cannot train (before any run folder or process exists).
 
@@ -106,7 +109,7 @@ def check_optim_config(optim: Any) -> None:
         ("lr", merged.lr > 0, "> 0"),
         ("weight_decay", merged.weight_decay >= 0, ">= 0"),
         ("betas", len(merged.betas) == 2 and all(0 <= b < 1 for b in merged.betas), "two numbers in [0, 1)"),
-        ("sched.name", merged.sched.name in ("cosine", "constant", "none"), "one of cosine, constant, none"),
+        ("sched.name", merged.sched.name in SCHEDULE_NAMES, f"one of {', '.join(SCHEDULE_NAMES)}"),
         ("sched.warmup_steps", merged.sched.warmup_steps >= 0, ">= 0"),
         ("sched.min_lr", 0 <= merged.sched.min_lr <= merged.lr, f"between 0 and model.optim.lr={merged.lr}"),
     ]

@@ -165,6 +165,7 @@ def test_an_impossible_transcript_is_skipped_and_counted_not_a_nan(dtmf_manifest
     enc, lengths = model.forward_step(batch)
     assert (lengths < batch["token_lens"]).all()
     batch["tokens"], batch["token_lens"][0] = batch["tokens"], 1  # the first one fits
+    model.on_train_batch_start(batch, 0)  # the epoch's tally of utterances seen
     loss_sum, count = model.loss_step(batch, (enc, lengths))
     loss_sum.backward()
     assert math.isfinite(float(loss_sum.detach())) and int(count) == 1

@@ -11,11 +11,19 @@ from pathlib import Path
 import pytest
 import torch
 
-from speechtrain.lightning import MegatronMixedPrecision, MegatronOptimizer, MegatronParallel
+from speechtrain.lightning import MegatronMixedPrecision, MegatronOptimizer, MegatronParallel, teardown
 from speechtrain.speechlm.backbone import ensure_parallel_state
 from speechtrain.testing.toy_models import ToyTransformerRegressor, toy_dataset
 
 JOB = Path(__file__).with_name("engine_job.py")
+
+
+@pytest.fixture(autouse=True)
+def _release_the_process_group():
+    """Runs here leave their process group and Megatron state behind on purpose (saving after fit); the next test
+    module starts clean."""
+    yield
+    teardown(None)
 
 
 def _free_port() -> int:

@@ -8,10 +8,18 @@ import pytest
 import torch
 from conftest import example_main, example_overrides
 
-from speechtrain.lightning import BaseCallback, CallbackGroup, MegatronStrategy, Trainer
+from speechtrain.lightning import BaseCallback, CallbackGroup, MegatronStrategy, Trainer, teardown
 
 ROOT = Path(__file__).resolve().parents[2]
 PRECISIONS = ["32", "bf16-mixed", "16-mixed", "bf16-true"]
+
+
+@pytest.fixture(autouse=True)
+def _release_the_process_group():
+    """Runs here leave their process group and Megatron state behind on purpose (saving after fit); the next test
+    module starts clean."""
+    yield
+    teardown(None)
 
 
 class _Losses(BaseCallback):
