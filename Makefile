@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 gpu-check: install
 	$(BIN)/python -m pytest -q tests/gpu -rs
 
-.PHONY: gpu-check install demo demo-tdt tts-demo salm-demo test lint format bench clean
+.PHONY: gpu-check test-all install demo demo-tdt tts-demo salm-demo test lint format bench clean
 
 install: $(STAMP)
 
@@ -47,7 +47,12 @@ salm-demo: install
 	OMP_WAIT_POLICY=PASSIVE $(BIN)/python examples/salm_train.py trainer.devices=2 model.llm.hf_path=$$LLM \
 		model.perception.asr_model=$$ASR
 
+# The default suite (CI): everything but the tests marked slow (minutes each: real fine-tunes of imported NeMo
+# checkpoints, the batch-size search). `make test-all` runs those too.
 test: install lint
+	OMP_WAIT_POLICY=PASSIVE $(BIN)/python -m pytest -q -m "not slow"
+
+test-all: install lint
 	OMP_WAIT_POLICY=PASSIVE $(BIN)/python -m pytest -q
 
 lint: install
