@@ -56,13 +56,14 @@ def main(cfg):
     trainer.fit(model)
     exit_if_preempted(trainer)
     trained = time.perf_counter() - start
-    # Tensor-parallel peers generate together (their layers exchange activations); data-parallel replicas would
-    # only repeat rank 0's work.
-    if cfg.eval_manifest and (trainer.is_global_zero or parallel_state.tensor_parallel_world_size() > 1):
+    if cfg.eval_manifest and parallel_state.in_first_replica():  # TP peers generate together
         report = evaluate(model.eval(), cfg.eval_manifest, cfg.eval_utterances)
         if trainer.is_global_zero:
             print_final("Final: " + json.dumps({"eval_manifest": cfg.eval_manifest, **report}))
-    print(f"{time.perf_counter() - start:.0f} s wall ({trained:.0f} s to the end of training) | run folder {log_dir}")
+    if trainer.is_global_zero:
+        print(
+            f"{time.perf_counter() - start:.0f} s wall ({trained:.0f} s to the end of training) | run folder {log_dir}"
+        )
     teardown(trainer, model)
     return model
 

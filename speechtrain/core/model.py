@@ -285,7 +285,7 @@ class SpeechModel(pl.LightningModule):
                 config = to_plain(OmegaConf.merge(OmegaConf.create(config), OmegaConf.create(override_config)))
             model = model_cls(config)
             model.configure_model()
-            model.load_state_dict(archive.state_dict, strict=strict)
+            model.load_state_dict(shard_full_state_dict(model, archive.state_dict), strict=strict)  # TP slices
             model.to(map_location)
             model._artifact_dir = archive.artifact_dir
             for key, file in archive.artifacts.items():

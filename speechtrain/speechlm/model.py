@@ -470,7 +470,10 @@ class SALMModel(SpeechModel):
                 mask = causal[None, None] | key_pad[:, None, None, :keys]
                 logits = gpt_logits(self.llm, embeddings=step_input, inference_context=context, attention_mask=mask)
                 logits = logits[:, -1].float()
-                token = _pick(logits, greedy, temperature, top_k, generator)
+                # TP peers feed the same tokens and stop at the same step whatever their random streams.
+                token = parallel_state.same_on_tensor_parallel_ranks(
+                    _pick(logits, greedy, temperature, top_k, generator)
+                )
                 token = torch.where(done, torch.full_like(token, int(stops[0])), token)
                 out = torch.cat([out, token[:, None]], dim=1)
                 done |= torch.isin(token, stops)
