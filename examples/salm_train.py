@@ -1,7 +1,8 @@
 """Train SALM: a speech-augmented LLM (Conformer perception + modality adapter + a Megatron GPT backbone).
 
 python examples/salm_train.py model.llm.hf_path=<hf folder> model.perception.asr_model=<asr archive .stm>
-python examples/salm_train.py ... model.lora.rank=16 'model.freeze=[^llm\\.]' 'model.freeze_exceptions=[lora_]'
+python examples/salm_train.py ... model.lora='{rank: 16, alpha: 32}' 'model.freeze_exceptions=[lora_]' \\
+    'model.freeze=["^perception\\.(encoder|ctc_head)\\.", "^llm\\."]'  # replaces the YAML's list
 python examples/salm_train.py ... trainer.devices=2 trainer.strategy.tensor_model_parallel_size=2
 python examples/salm_train.py ... model.train_ds.conversations_path=conversations.jsonl
 
