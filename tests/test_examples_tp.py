@@ -132,7 +132,7 @@ def _salm_train(p):
     salm = _load(ROOT / "tests" / "speechlm" / "test_speechlm_model.py", "salm_tests_for_examples")
     model = salm.tiny_salm_config(p["llm_tokenizer"], p["manifest"])
     model["train_ds"]["shuffle"] = False
-    overrides = ["model.freeze=[]"]
+    overrides = ["model.freeze=[]", "model.lora={rank: 4, alpha: 8}"]  # LoRA adapters in the archive too
 
     def flatten(prefix, value):
         if isinstance(value, dict):
@@ -194,9 +194,23 @@ def _final(stdout: str):
     return _untimed(json.loads(text)) if text.startswith("{") else text
 
 
+# The default suite runs the script whose export was broken (HF folder, LLM archive); the whole matrix (about 5
+# minutes on 2 cores) runs with SPEECHTRAIN_TP_MATRIX=all (make test-tp).
+DEFAULT = {"gpt_pretrain"}
+WHOLE_MATRIX = os.environ.get("SPEECHTRAIN_TP_MATRIX") == "all"
+
+
 @pytest.mark.slow
 @pytest.mark.multiprocess
-@pytest.mark.parametrize("name", sorted(SCRIPTS))
+@pytest.mark.parametrize(
+    "name",
+    [
+        pytest.param(
+            name, marks=[] if name in DEFAULT else pytest.mark.skipif(not WHOLE_MATRIX, reason="make test-tp")
+        )
+        for name in sorted(SCRIPTS)
+    ],
+)
 def test_example_script_at_tp2_equals_tp1(name, prerequisites, tmp_path):
     script, run_name, overrides = SCRIPTS[name](prerequisites)
     runs = {}
