@@ -137,3 +137,10 @@ def in_first_replica() -> bool:
     the shards, so every rank calls them. Without a distributed run this is True.
     """
     return data_parallel_rank() == 0
+
+
+def whole_model_numel(parameters: Any) -> int:
+    """Elements of the whole model (all tensor-parallel shards) from this rank's ``parameters``: a tensor-parallel
+    parameter holds 1/TP of its weight, the others are replicated. No collective (pipeline stages: this stage's)."""
+    tp = tensor_parallel_world_size()
+    return sum(p.numel() * (tp if getattr(p, "tensor_model_parallel", False) else 1) for p in parameters)

@@ -55,3 +55,9 @@ def test_tp2_saves_twice_per_epoch_replaces_top_k_and_closes_with_the_trained_we
     # tensor-parallel rank (it saw rank 0's shard on rank 1 before: 4.58 -> 4.87 in the issue's run).
     assert closing[1] == pytest.approx(losses[-1], abs=1e-6), (closing, losses)
     assert done.stdout.count("Final:") == 1 and done.stdout.count("s wall | run folder") == 1, done.stdout
+    # Parameter counts say what they count: one rank's shard, and the whole model's (= the archive's model).
+    from speechtrain.core.model import SpeechModel
+
+    whole = sum(p.numel() for p in SpeechModel.restore_from(folder / "asr_demo.stm").parameters())
+    (line,) = [line for line in done.stderr.splitlines() if "Parameters: " in line]
+    assert "per rank (tensor-parallel shard 1 of 2" in line and f"whole model {whole:,}, of which" in line, line
