@@ -1,7 +1,8 @@
 """Train SALM: a speech-augmented LLM (Conformer perception + modality adapter + a Megatron GPT backbone).
 
 python examples/salm_train.py model.llm.hf_path=<hf folder> model.perception.asr_model=<asr archive .stm>
-python examples/salm_train.py ... model.lora.rank=16 'model.freeze=[^llm\\.]' 'model.freeze_exceptions=[lora_]'
+python examples/salm_train.py ... model.lora='{rank: 16, alpha: 32}' 'model.freeze_exceptions=[lora_]' \\
+    'model.freeze=["^perception\\.(encoder|ctc_head)\\.", "^llm\\."]'  # replaces the YAML's list
 python examples/salm_train.py ... trainer.devices=2 trainer.strategy.tensor_model_parallel_size=2
 python examples/salm_train.py ... model.train_ds.conversations_path=conversations.jsonl
 
@@ -56,13 +57,14 @@ def main(cfg):
     trainer.fit(model)
     exit_if_preempted(trainer)
     trained = time.perf_counter() - start
-    # Tensor-parallel peers generate together (their layers exchange activations); data-parallel replicas would
-    # only repeat rank 0's work.
-    if cfg.eval_manifest and (trainer.is_global_zero or parallel_state.tensor_parallel_world_size() > 1):
+    if cfg.eval_manifest and parallel_state.in_first_replica():  # TP peers generate together
         report = evaluate(model.eval(), cfg.eval_manifest, cfg.eval_utterances)
         if trainer.is_global_zero:
             print_final("Final: " + json.dumps({"eval_manifest": cfg.eval_manifest, **report}))
-    print(f"{time.perf_counter() - start:.0f} s wall ({trained:.0f} s to the end of training) | run folder {log_dir}")
+    if trainer.is_global_zero:
+        print(
+            f"{time.perf_counter() - start:.0f} s wall ({trained:.0f} s to the end of training) | run folder {log_dir}"
+        )
     teardown(trainer, model)
     return model
 

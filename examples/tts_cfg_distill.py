@@ -24,7 +24,7 @@ from speechtrain.core.exp_manager import exp_manager, print_final
 from speechtrain.core.hydra_runner import hydra_runner
 from speechtrain.core.job import train_job_schema
 from speechtrain.core.model import SpeechModel
-from speechtrain.lightning import Trainer, teardown
+from speechtrain.lightning import Trainer, parallel_state, teardown
 from speechtrain.tts.codec import manifest_rows
 from speechtrain.tts.distill import CFGDistillationModel, TTSDistillationConfig
 from speechtrain.tts.model import TTSModel, report_intelligibility
@@ -74,13 +74,15 @@ def main(cfg):
     from speechtrain.lightning.fault_tolerance import exit_if_preempted
 
     exit_if_preempted(trainer)
-    if trainer.is_global_zero and cfg.asr_model:
+    if cfg.asr_model and parallel_state.in_first_replica():  # TP peers synthesise and judge together
         asr = SpeechModel.restore_from(cfg.asr_model).eval()
         report = {"teacher": report_intelligibility(teacher, asr, cfg.eval_manifest, cfg.eval_utterances)}
         sentences = [row["text"] for row in manifest_rows(cfg.eval_manifest, cfg.eval_utterances)]
         _, report["student_no_cfg"] = intelligibility(student, sentences, asr, guidance_scale=1.0)
-        print_final("Final: " + json.dumps(report, default=float))
-    print(f"{time.perf_counter() - start:.0f} s wall | run folder {log_dir}")
+        if trainer.is_global_zero:
+            print_final("Final: " + json.dumps(report, default=float))
+    if trainer.is_global_zero:
+        print(f"{time.perf_counter() - start:.0f} s wall | run folder {log_dir}")
     teardown(trainer, student)
     return student
 

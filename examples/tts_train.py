@@ -23,7 +23,7 @@ from speechtrain.core.exp_manager import exp_manager, print_final
 from speechtrain.core.hydra_runner import hydra_runner
 from speechtrain.core.job import train_job_schema
 from speechtrain.core.model import SpeechModel
-from speechtrain.lightning import Trainer, teardown
+from speechtrain.lightning import Trainer, parallel_state, teardown
 from speechtrain.tts.model import TTSConfig, TTSModel, prepare_tts_config, report_intelligibility
 
 logger = logging.getLogger("tts_train")
@@ -60,11 +60,13 @@ def main(cfg):
     from speechtrain.lightning.fault_tolerance import exit_if_preempted
 
     exit_if_preempted(trainer)
-    if trainer.is_global_zero and cfg.asr_model:
+    if cfg.asr_model and parallel_state.in_first_replica():  # TP peers synthesise and judge together
         asr = SpeechModel.restore_from(cfg.asr_model).eval()
         report = report_intelligibility(model, asr, cfg.eval_manifest, cfg.eval_utterances)
-        print_final("Final: " + json.dumps(report))
-    print(f"{time.perf_counter() - start:.0f} s wall | run folder {log_dir}")
+        if trainer.is_global_zero:
+            print_final("Final: " + json.dumps(report))
+    if trainer.is_global_zero:
+        print(f"{time.perf_counter() - start:.0f} s wall | run folder {log_dir}")
     teardown(trainer, model)
     return model
 

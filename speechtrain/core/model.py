@@ -351,7 +351,7 @@ class SpeechModel(pl.LightningModule):
                 config = to_plain(OmegaConf.merge(OmegaConf.create(config), OmegaConf.create(override_config)))
             model = model_cls(config)
             model.configure_model()
-            model.load_state_dict(archive.state_dict, strict=strict)
+            model.load_state_dict(shard_full_state_dict(model, archive.state_dict), strict=strict)  # TP slices
             model.to(map_location)
             model._artifact_dir = archive.artifact_dir
             for key, file in archive.artifacts.items():
@@ -484,6 +484,23 @@ class SpeechModel(pl.LightningModule):
 
     def on_fit_start(self) -> None:
         check_validation_schedule(self.trainer, self._resumable_sampler(), bool(getattr(self, "_val_loaders", None)))
+        self._log_parameter_counts()
+
+    def _log_parameter_counts(self) -> None:
+        """Under tensor parallelism Lightning's model summary counts global rank 0's shard: say so, with the whole
+        model's counts beside it."""
+        from speechtrain.lightning import parallel_state
+
+        tp = parallel_state.tensor_parallel_world_size()
+        if tp == 1 or not self.trainer.is_global_zero:
+            return
+        params = list(self.parameters())
+        logger.info(
+            "Parameters: %s per rank (tensor-parallel shard 1 of %d, what the model summary counts); whole model "
+            "%s, of which %s trainable.",
+            f"{sum(p.numel() for p in params):,}", tp, f"{parallel_state.whole_model_numel(params):,}",
+            f"{parallel_state.whole_model_numel(p for p in params if p.requires_grad):,}",
+        )  # fmt: skip
 
     def _resumable_sampler(self) -> Any:
         """The training sampler, when the model keeps its loader in ``_train_loader`` and it can resume."""

@@ -132,3 +132,39 @@ def set_distributed_optimizer(enabled: bool) -> None:
 
 def distributed_optimizer_enabled() -> bool:
     return _options["distributed_optimizer"] and is_initialized()
+
+
+def same_on_tensor_parallel_ranks(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` as the first rank of this rank's tensor-parallel group holds it, on every rank of the group.
+
+    Generation loops pass each step's sampled tokens through it: tensor-parallel peers then feed the same tokens
+    and stop at the same step whatever their random streams, so no rank can leave the loop (and its collectives)
+    early. A no-op without tensor parallelism. Collective: every rank of the group calls it.
+    """
+    group = tensor_parallel_group()
+    if group is None or torch.distributed.get_world_size(group) == 1:
+        return tensor
+    tensor = tensor.contiguous()
+    torch.distributed.broadcast(tensor, src=torch.distributed.get_global_rank(group, 0), group=group)
+    return tensor
+
+
+def in_first_replica() -> bool:
+    """Whether this rank belongs to the first data-parallel replica of the model: the ranks that run the work that
+    follows ``fit`` and the generation inside validation.
+
+    The one choice for every script (evaluation, judging with another archive, sample synthesis, SALM/GPT
+    generation): those ranks run it *together, each with its own tensor-parallel shards*, because a tensor-parallel
+    layer cannot run on one rank alone, and an archive restored for judging is sharded the same way
+    (:meth:`speechtrain.core.model.SpeechModel.restore_from`). Other replicas would repeat the same work and skip
+    it. Only global rank 0 prints or writes the results. Archives and exports are not part of this: they gather
+    the shards, so every rank calls them. Without a distributed run this is True.
+    """
+    return data_parallel_rank() == 0
+
+
+def whole_model_numel(parameters: Any) -> int:
+    """Elements of the whole model (all tensor-parallel shards) from this rank's ``parameters``: a tensor-parallel
+    parameter holds 1/TP of its weight, the others are replicated. No collective (pipeline stages: this stage's)."""
+    tp = tensor_parallel_world_size()
+    return sum(p.numel() * (tp if getattr(p, "tensor_model_parallel", False) else 1) for p in parameters)

@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 from lightning.pytorch.strategies import DDPStrategy
+from lightning.pytorch.trainer.states import TrainerFn
 
 from speechtrain.lightning import checkpoint as sharded
 from speechtrain.lightning import parallel_state
@@ -25,6 +26,17 @@ logger = logging.getLogger(__name__)
 
 def _gradients_zeroed_by_the_schedule(*args: Any, **kwargs: Any) -> None:
     """Stands in for ``LightningModule.optimizer_zero_grad`` under MegatronStrategy (see ``configure_ddp``)."""
+
+
+def _broadcast_in_data_parallel_group(module: torch.nn.Module) -> None:
+    """Every parameter and buffer of ``module`` from the first rank of this rank's data-parallel group."""
+    group = parallel_state.data_parallel_group()
+    if parallel_state.data_parallel_world_size() == 1:
+        return
+    states = [t.detach() for t in (*module.parameters(), *module.buffers())]
+    if states:
+        source = torch.distributed.get_global_rank(group, 0)
+        torch.distributed._broadcast_coalesced(group, states, 250 * 1024 * 1024, source)
 
 
 class MegatronStrategy(DDPStrategy):
@@ -161,6 +173,29 @@ class MegatronStrategy(DDPStrategy):
             parallel_state.pipeline_parallel_rank(),
             parallel_state.data_parallel_rank(),
         )
+
+    def setup(self, trainer: Any) -> None:
+        """Lightning's ``setup`` broadcasts every parameter and buffer from global rank 0 to the whole world before
+        ``validate``/``test``/``predict`` (there is no DDP wrapper to do it then). Under tensor or pipeline
+        parallelism that overwrites each model-parallel peer's shard with rank 0's (same shapes, other weights): a
+        closing ``trainer.validate`` after ``fit`` evaluated a different model. Here the states are broadcast only
+        inside the data-parallel group, from its first rank: replicas agree, model-parallel shards stay their own."""
+        module = self.model
+        model_parallel = parallel_state.tensor_parallel_world_size() * parallel_state.pipeline_parallel_world_size()
+        if trainer.state.fn == TrainerFn.FITTING or module is None or model_parallel == 1:
+            super().setup(trainer)
+            return
+        names = [name for name, _ in module.named_parameters()] + [name for name, _ in module.named_buffers()]
+        previous = module.__dict__.get("_ddp_params_and_buffers_to_ignore")
+        module._ddp_params_and_buffers_to_ignore = names  # Lightning's world-wide broadcast then has nothing to send
+        try:
+            super().setup(trainer)
+        finally:
+            if previous is None:
+                del module._ddp_params_and_buffers_to_ignore
+            else:
+                module._ddp_params_and_buffers_to_ignore = previous
+        _broadcast_in_data_parallel_group(module)
 
     @property
     def distributed_sampler_kwargs(self) -> dict[str, Any]:

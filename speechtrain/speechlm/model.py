@@ -328,7 +328,15 @@ class SALMModel(SpeechModel):
             wrapped = apply_lora(self.llm, lora)
             logger.info("LoRA (rank %d) on %d LLM layers.", lora.rank, len(wrapped))
         report = freeze_parameters(self, list(cfg.freeze), list(cfg.freeze_exceptions))
-        logger.info("Freezing: %s", report)
+        tp = parallel_state.tensor_parallel_world_size()
+        scope = f"counted on this rank, tensor-parallel shard {parallel_state.tensor_parallel_rank() + 1} of {tp}"
+        logger.info("Freezing (%s): %s", scope if tp > 1 else "whole model", report)
+        if cfg.perception.asr_model and any(name.startswith("perception.encoder.") for name in report.trainable):
+            logger.warning(
+                "The pretrained ASR encoder (model.perception.asr_model) is trainable: no model.freeze pattern covers "
+                "it. A freeze list given on the command line replaces the YAML's; add '^perception\\.encoder\\.' to "
+                "keep it frozen."
+            )
         set_frozen_modules_eval(self)
 
     def _built(self) -> None:
@@ -470,7 +478,10 @@ class SALMModel(SpeechModel):
                 mask = causal[None, None] | key_pad[:, None, None, :keys]
                 logits = gpt_logits(self.llm, embeddings=step_input, inference_context=context, attention_mask=mask)
                 logits = logits[:, -1].float()
-                token = _pick(logits, greedy, temperature, top_k, generator)
+                # TP peers feed the same tokens and stop at the same step whatever their random streams.
+                token = parallel_state.same_on_tensor_parallel_ranks(
+                    _pick(logits, greedy, temperature, top_k, generator)
+                )
                 token = torch.where(done, torch.full_like(token, int(stops[0])), token)
                 out = torch.cat([out, token[:, None]], dim=1)
                 done |= torch.isin(token, stops)

@@ -470,11 +470,13 @@ class TTSModel(SpeechModel):
         loss_sum, count, correct, frames = sums.tolist()
         self.log("val_loss", loss_sum / max(count, 1.0), prog_bar=True, sync_dist=True)
         self.log("val_acc_codebook0", correct / max(frames, 1.0), sync_dist=True)
-        if self._val_examples and self.trainer.is_global_zero and not self.trainer.sanity_checking:
+        # Tensor-parallel peers synthesise together (their layers exchange activations); global rank 0 writes.
+        if self._val_examples and parallel_state.in_first_replica() and not self.trainer.sanity_checking:
             self._log_samples(self._val_examples)
 
     def _log_samples(self, examples: list[dict[str, Any]]) -> None:
         """Synthesises ``examples`` and sends audio, spectrogram and attention images to TensorBoard."""
+        # Off rank 0 the loggers' experiments are Lightning's no-op stand-ins: every rank decides alike.
         writer = next((lg.experiment for lg in self.trainer.loggers if hasattr(lg.experiment, "add_audio")), None)
         if writer is None:
             return
@@ -627,7 +629,8 @@ class TTSModel(SpeechModel):
                 early = position < (lens[:batch] - 1 - margin)
                 logits[..., self.eos] = logits[..., self.eos].masked_fill(early[:, None, None], float("-inf"))
             logits[..., self.bos] = float("-inf")  # BOS is never an output
-            codes = sample_codes(logits, temperature, top_k, generator)  # (B, S, K)
+            # TP peers feed the same codes and stop at the same step whatever their random streams.
+            codes = parallel_state.same_on_tensor_parallel_ranks(sample_codes(logits, temperature, top_k, generator))
             outputs.append(codes)
             for s in range(stacking):
                 ended = (codes[:, s, 0] == self.eos) & (frame_lens < 0)
