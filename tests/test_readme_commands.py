@@ -32,9 +32,16 @@ def readme_commands() -> list[str]:
     return commands
 
 
+# Programs the README shows that are not ours (lhotse's corpus recipes, a shell loop around them): not checked here.
+OTHER_PROGRAMS = {"lhotse", "for", "done"}
+# Folders the README's commands name that a user brings: the tests' own copies stand in for them.
+FOLDERS = {"nemo_conf": str(ROOT / "tests" / "core" / "nemo_conf")}
+
+
 def _stand_ins(command: str) -> list[str]:
     """The words of ``command``, ``...`` dropped and ``<placeholder>`` paths made concrete."""
-    return [w for w in shlex.split(re.sub(r"<[^>]*>", "x", command)) if w != "..."]
+    words = [w for w in shlex.split(re.sub(r"<[^>]*>", "x", command)) if w != "..."]
+    return [FOLDERS.get(w, w) for w in words]
 
 
 def _script(words: list[str], monkeypatch) -> None:
@@ -87,6 +94,8 @@ def test_the_readme_has_commands_of_every_kind():
 @pytest.mark.parametrize("command", COMMANDS)
 def test_readme_command_matches_the_code(command, monkeypatch):
     words = _stand_ins(command)
+    if words[0] in OTHER_PROGRAMS:
+        return
     if words[0] == "make":
         targets = re.findall(r"^([\w-]+):", (ROOT / "Makefile").read_text(), flags=re.M)
         assert words[1] in targets, command

@@ -14,6 +14,7 @@ file under the final name. Reading verifies every member's size and checksum, re
 """
 
 import hashlib
+import importlib
 import io
 import json
 import os
@@ -240,17 +241,18 @@ def read_archive(path: str | Path) -> Archive:
     return Archive(config, state_dict, artifacts, trainer_config, artifact_dir)
 
 
-# Readers of other frameworks' checkpoint files by suffix, registered by the model family that knows the format
-# (``speechtrain.asr`` registers NeMo's ``.nemo``): core knows no model family.
+# Readers of other frameworks' checkpoint files by suffix, registered by the model family that knows the format;
+# core names only the package that registers each (imported on first use, as archives' model classes are).
 MODEL_FILE_READERS: dict[str, Callable[[str | Path], Archive]] = {}
+FOREIGN_FORMATS = {".nemo": "speechtrain.asr"}
 
 
 def read_model_file(path: str | Path) -> Archive:
     """A speechtrain archive, or another framework's checkpoint translated to one by its registered reader
     (:data:`MODEL_FILE_READERS`; a NeMo ``.nemo`` by :func:`speechtrain.asr.nemo_import.read_nemo`)."""
     suffix = Path(path).suffix
+    if suffix not in MODEL_FILE_READERS and suffix in FOREIGN_FORMATS:
+        importlib.import_module(FOREIGN_FORMATS[suffix])
     if suffix in MODEL_FILE_READERS:
         return MODEL_FILE_READERS[suffix](path)
-    if suffix == ".nemo":
-        raise ArchiveError(f"{path} is a NeMo checkpoint: import speechtrain.asr, which reads .nemo files, first.")
     return read_archive(path)
