@@ -410,7 +410,7 @@ class CTCModel(SpeechModel):
         self._val_skips.setdefault(dataloader_idx, SkipTally()).add_batch(batch)
         skipped = sum((batch or {}).get("skipped", {}).values())
         if is_empty_batch(batch):
-            self._add_val_sums(dataloader_idx, torch.zeros(VAL_SUMS, dtype=torch.float64), skipped)
+            self._add_val_sums(dataloader_idx, torch.zeros(VAL_SUMS, dtype=torch.float64, device=self.device), skipped)
             return
         log_probs, lengths = self(batch["audio"], batch["audio_lens"])
         norm = self.text_normalizer
