@@ -5,7 +5,9 @@ Inputs (NeMo's config vocabulary): ``manifest_filepath`` (NeMo JSON lines) and/o
 CutSet ``.jsonl``/``.jsonl.gz``) and/or ``shar_path`` (lhotse Shar folder). Batches are built by lhotse's samplers:
 
 - ``use_bucketing`` groups utterances of similar duration into ``num_buckets`` buckets (bins from
-  ``bucket_duration_bins`` or estimated from the data with equal duration mass), so batches carry little
+  ``bucket_duration_bins``, or estimated from the data: ``bucket_bins_method`` ``min_padding``, the default, places
+  the edges where the batches of ``batch_duration`` seconds pad least (in-memory data with a duration limit);
+  ``equal_duration`` is lhotse's equal audio per bucket, also used for lazy data), so batches carry little
   padding; each batch holds ``batch_duration`` seconds of audio (``quadratic_duration`` q charges d + d^2/q, for
   models whose cost grows with length squared), or a fixed ``batch_size``, or per-bucket ``bucket_batch_size``.
   With both ``batch_size`` and ``batch_duration``, both limits hold: a batch closes at whichever it reaches first
@@ -61,8 +63,9 @@ class LoaderConfig:
     batch_duration: float | None = None
     quadratic_duration: float | None = None
     use_bucketing: bool = True
-    num_buckets: int = 30
+    num_buckets: int = 40
     bucket_duration_bins: list[float] | None = None
+    bucket_bins_method: str = "min_padding"
     bucket_batch_size: list[int] | None = None
     bucket_buffer_size: int = 10000
     shuffle: bool = True
@@ -323,11 +326,20 @@ def _build_sampler(cuts: Any, cfg: LoaderConfig, dp_rank: int, dp_world_size: in
         num_buckets = len(cuts)
         logger.info("only %d utterances: bucketing with %d buckets instead of %d", len(cuts), num_buckets,
                     cfg.num_buckets)  # fmt: skip
+    if cfg.bucket_bins_method not in ("min_padding", "equal_duration"):
+        raise ValueError(f"bucket_bins_method must be min_padding or equal_duration, got {cfg.bucket_bins_method!r}.")
+    bins = cfg.bucket_duration_bins
+    if (cfg.use_bucketing and num_buckets >= 2 and bins is None and cfg.bucket_bins_method == "min_padding"
+            and not cuts.is_lazy and cfg.quadratic_duration is None):  # fmt: skip
+        from speechtrain.data.estimate_duration_bins import min_padding_bins
+
+        bins = min_padding_bins([c.duration for c in cuts], num_buckets, cfg.batch_duration, cfg.batch_size)
+        num_buckets = len(bins) + 1
     if cfg.use_bucketing and num_buckets >= 2:
         # The bucketing sampler shuffles within its buffer (bucket_buffer_size); shuffle_buffer_size is for the
         # non-bucketing sampler.
         return DynamicBucketingSampler(
-            cuts, num_buckets=num_buckets, duration_bins=cfg.bucket_duration_bins,
+            cuts, num_buckets=num_buckets, duration_bins=bins,
             buffer_size=cfg.bucket_buffer_size, **limits, **common,
         )  # fmt: skip
     return DynamicCutSampler(cuts, shuffle_buffer_size=cfg.shuffle_buffer_size, **limits, **common)
