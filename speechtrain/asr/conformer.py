@@ -20,6 +20,7 @@ mode, it uses running statistics, so batched and per-utterance outputs agree exa
 
 import contextlib
 import math
+import threading
 from dataclasses import dataclass
 
 import torch
@@ -154,11 +155,16 @@ class MaskedBatchNorm1d(torch.nn.BatchNorm1d):
         count = valid.sum().clamp(min=1)
         mean = (x * valid).sum(dim=(0, 2)) / count
         var = (((x - mean[None, :, None]) * valid) ** 2).sum(dim=(0, 2)) / count
+        if getattr(_recomputing, "active", False):  # activation recomputation: counted in the first forward
+            return self._normalize(x, mean, var)
         with torch.no_grad():
             unbiased = var * count / (count - 1).clamp(min=1)
             self.running_mean.lerp_(mean.detach().to(self.running_mean.dtype), self.momentum)
             self.running_var.lerp_(unbiased.detach().to(self.running_var.dtype), self.momentum)
             self.num_batches_tracked += 1
+        return self._normalize(x, mean, var)
+
+    def _normalize(self, x: torch.Tensor, mean: torch.Tensor, var: torch.Tensor) -> torch.Tensor:
         x = (x - mean[None, :, None]) / torch.sqrt(var[None, :, None] + self.eps)
         return x * self.weight[None, :, None] + self.bias[None, :, None]
 
@@ -227,23 +233,31 @@ def _run_layer(layer: ConformerLayer, x: torch.Tensor, mask: torch.Tensor, posit
     return layer(x, mask, positions)
 
 
-def _rng_contexts() -> tuple[contextlib.AbstractContextManager, contextlib.AbstractContextManager]:
-    """Contexts of a checkpointed layer's forward and recomputation: the recomputation runs on the model-parallel
-    RNG streams the forward saw (torch's checkpoint restores only the default generators)."""
-    if parallel_state.tensor_parallel_world_size() == 1:
-        return contextlib.nullcontext(), contextlib.nullcontext()
-    from speechtrain.lightning.megatron_compat import rng_tracker_states, set_rng_tracker_states
+_recomputing = threading.local()
 
-    seen = rng_tracker_states()
+
+def _checkpoint_contexts() -> tuple[contextlib.AbstractContextManager, contextlib.AbstractContextManager]:
+    """Contexts of a checkpointed layer's forward and of its recomputation. The recomputation runs on the
+    model-parallel RNG streams the forward saw (torch's checkpoint restores only the default generators), and
+    batch norm does not count its statistics a second time."""
+    seen = None
+    if parallel_state.tensor_parallel_world_size() > 1:
+        from speechtrain.lightning.megatron_compat import rng_tracker_states, set_rng_tracker_states
+
+        seen = rng_tracker_states()
 
     @contextlib.contextmanager
     def recompute():  # noqa: ANN202
-        now = rng_tracker_states()
-        set_rng_tracker_states(seen)
+        now = rng_tracker_states() if seen is not None else None
+        if seen is not None:
+            set_rng_tracker_states(seen)
+        _recomputing.active = True
         try:
             yield
         finally:
-            set_rng_tracker_states(now)
+            _recomputing.active = False
+            if now is not None:
+                set_rng_tracker_states(now)
 
     return contextlib.nullcontext(), recompute()
 
@@ -319,7 +333,7 @@ class ConformerEncoder(torch.nn.Module):
         for layer in self.layers:
             if recompute:
                 x = torch.utils.checkpoint.checkpoint(
-                    self._run_layer, layer, x, mask, positions, use_reentrant=False, context_fn=_rng_contexts
+                    self._run_layer, layer, x, mask, positions, use_reentrant=False, context_fn=_checkpoint_contexts
                 )
             else:
                 x = self._run_layer(layer, x, mask, positions)

@@ -104,3 +104,22 @@ def test_outputs_and_gradients_equal_the_reference(subsampling, factor, norm, tr
     assert torch.equal(outputs[1][1], outputs[0][1])
     for name, grad in grads[0].items():
         torch.testing.assert_close(grads[1][name], grad, atol=1e-5, rtol=1e-5, msg=name)
+
+
+def test_activation_checkpointing_gives_the_same_outputs_and_gradients():
+    cfg = ConformerConfig(d_model=32, num_layers=2, num_heads=4, conv_kernel_size=5, subsampling_conv_channels=16,
+                          dropout=0.1, dropout_att=0.1)  # fmt: skip
+    feats, lengths = torch.randn(3, 20, 97), torch.tensor([97, 60, 21])
+    results = []
+    for recompute in (False, True):
+        encoder = ConformerEncoder(cfg, n_mels=20, seed=3).train()
+        encoder.activation_checkpointing = recompute
+        encoder.zero_grad()
+        torch.manual_seed(7)  # the same dropout masks; the recomputation must redraw them identically
+        out, _ = encoder(feats, lengths)
+        out.square().sum().backward()
+        results.append((out.detach(), [p.grad.clone() for p in encoder.parameters()]))
+        results[-1][1].extend(b.clone() for b in encoder.buffers())  # batch norm counts each batch once
+    torch.testing.assert_close(results[1][0], results[0][0], atol=1e-6, rtol=1e-6)
+    for with_recompute, without in zip(results[1][1], results[0][1], strict=True):
+        torch.testing.assert_close(with_recompute, without, atol=1e-6, rtol=1e-6)
