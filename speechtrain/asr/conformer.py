@@ -13,7 +13,7 @@ Tensor parallelism: attention heads, feed-forward hidden units and the convoluti
 split over the TP ranks (the blocks of :mod:`speechtrain.nn`); subsampling, norms and the depthwise convolution are
 replicated. Every weight is drawn from its own seeded stream, so TP=2 holds the same model as TP=1.
 
-Padding never changes valid outputs: padded frames are zeroed before every convolution, attention never looks at
+Padding never changes valid outputs: every convolution sees zeros past each utterance's end, attention never looks at
 them, and the ``batch_norm`` option of the convolution module takes its statistics over valid frames only (in eval
 mode, it uses running statistics, so batched and per-utterance outputs agree exactly).
 """
@@ -137,12 +137,27 @@ class Subsampling(torch.nn.Module):
         for conv in self.convs:
             x = conv(x)
             lengths = _conv_out_length(lengths)
-            # Zeros past each end, as if unpadded (the next convolution must not see padding), then ReLU; in place,
-            # on the convolution's output, which its backward does not need.
-            x = x.mul_(frame_mask(lengths, x.shape[2])[:, None, :, None]).relu_()
+            _zero_first_padded_frame(x, lengths)
+            x = x.relu_()  # in place: the convolution's backward does not need its output
         batch, channels, frames, bands = x.shape
         x = self.out(x.transpose(1, 2).reshape(batch, frames, channels * bands))  # (B, F', C*bands) -> (B, F', D)
         return x, lengths
+
+
+def _zero_first_padded_frame(x: torch.Tensor, lengths: torch.Tensor) -> None:
+    """Zero frame ``lengths[b]`` of each utterance of ``x`` (B, C, F, bands) that has one, in place.
+
+    A kernel-3, stride-2, padding-1 convolution's last valid output reads at most one frame past its input's valid
+    end, so this one frame is all the padding a valid output can see: valid outputs are as if unpadded (later
+    frames are never read by them, and the encoder ignores padded frames), at the cost of B frames instead of a
+    pass over the whole (largest) activation. No host synchronisation: an utterance without padding rewrites its
+    last frame with itself.
+    """
+    frames = x.shape[2]
+    index = lengths.clamp(max=frames - 1)
+    keep = (lengths >= frames).to(x.dtype)[:, None, None]  # (B, 1, 1)
+    batch = torch.arange(x.shape[0], device=x.device)
+    x[batch, :, index, :] = x[batch, :, index, :] * keep  # (B, C, bands) frames
 
 
 class MaskedBatchNorm1d(torch.nn.BatchNorm1d):
