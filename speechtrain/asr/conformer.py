@@ -207,8 +207,11 @@ class ConvolutionModule(torch.nn.Module):
     def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """x (B, T, D), mask (B, T) True on valid frames -> (B, T, D)."""
         x = F.glu(self.pointwise_in(x), dim=-1)  # (B, T, 2D) -> (B, T, D)
-        x = (x * mask[:, :, None]).transpose(1, 2)  # (B, D, T), zeros past each end
-        x = self.depthwise(x)
+        x = (x * mask[:, :, None]).unsqueeze(2).permute(0, 3, 1, 2)  # (B, T, 1, D) -> (B, D, T, 1), zeros past ends
+        # The depthwise Conv1d's weights as a (k x 1) Conv2d on channels-last memory, which (B, T, D) already is:
+        # no transposed copies, and oneDNN's channels-last depthwise kernel (~20x faster than Conv1d's on CPU).
+        weight, kernel = self.depthwise.weight.unsqueeze(-1), self.depthwise.kernel_size[0]
+        x = F.conv2d(x, weight, self.depthwise.bias, padding=(kernel // 2, 0), groups=x.shape[1]).squeeze(-1)
         if self.norm_type == "batch_norm":
             x = self.norm(x, mask)
         else:
