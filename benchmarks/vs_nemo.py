@@ -5,10 +5,11 @@
 One step = features -> SpecAugment -> encoder -> CTC head -> CTC loss (``mean_volume``) -> backward -> AdamW, in
 train mode (dropout 0.1 everywhere NeMo has it), fp32, 2 threads, on a fixed batch of 8 x 8 s of noise with 50
 targets each. Each framework runs in its own long-lived worker process (NeMo's in ``--nemo-python``, an environment
-with ``nemo-toolkit[asr]``; it is never a dependency of speechtrain); after 3 warm-up steps the workers take turns,
-round after round, each timing ``--steps`` steps and reporting their median, so that the load of a shared machine
-falls on both sides alike. The table gives the median over rounds of each side, the ratio speechtrain / NeMo of
-the medians, and the spread (min - max) of the per-round ratios.
+with ``nemo-toolkit[asr]``; it is never a dependency of speechtrain). After 3 warm-up steps, each round times
+``--steps`` steps per side, the sides taking turns step by step (the side that starts alternates between rounds), so
+that the load of a shared machine falls on both alike. The table gives each side's median over all steps, the
+ratio speechtrain / NeMo of those medians, the spread (min - max) of the per-round ratios of medians, and the
+median of the ratios of paired steps (each step of ours over the NeMo step next to it).
 
 Models (BPE-128-sized output, 129 classes with the blank, 80 mels):
 
@@ -114,8 +115,8 @@ def nemo_step(model_name: str, compile_layers: bool):  # noqa: ANN201
     return step, sum(p.numel() for p in modules.parameters())
 
 
-def worker(side: str, model_name: str, steps: int, compile_layers: bool) -> None:
-    """Build, warm up, then time ``steps`` steps each time a line ``run`` arrives on stdin."""
+def worker(side: str, model_name: str, compile_layers: bool) -> None:
+    """Build, warm up, then time one step each time a line ``step`` arrives on stdin."""
     import torch
 
     torch.set_num_threads(2)
@@ -124,20 +125,17 @@ def worker(side: str, model_name: str, steps: int, compile_layers: bool) -> None
         step()
     print(json.dumps({"ready": params}), flush=True)
     for line in sys.stdin:
-        if line.strip() != "run":
+        if line.strip() != "step":
             break
-        times = []
-        for _ in range(steps):
-            start = time.perf_counter()
-            step()
-            times.append(time.perf_counter() - start)
-        print(json.dumps({"median": statistics.median(times)}), flush=True)
+        start = time.perf_counter()
+        step()
+        print(json.dumps({"seconds": time.perf_counter() - start}), flush=True)
 
 
 class Worker:
-    def __init__(self, python: str, side: str, model_name: str, steps: int, compile_layers: bool) -> None:
+    def __init__(self, python: str, side: str, model_name: str, compile_layers: bool) -> None:
         env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "OMP_NUM_THREADS": "2", "PYTHONPATH": str(ROOT)}
-        command = [python, __file__, "--worker", side, "--model", model_name, "--steps", str(steps)]
+        command = [python, __file__, "--worker", side, "--model", model_name]
         if compile_layers:
             command.append("--compile")
         self.process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, text=True,
@@ -152,10 +150,10 @@ class Worker:
             if line.startswith("{"):
                 return json.loads(line)
 
-    def run(self) -> float:
-        self.process.stdin.write("run\n")
+    def step(self) -> float:
+        self.process.stdin.write("step\n")
         self.process.stdin.flush()
-        return self._read()["median"]
+        return self._read()["seconds"]
 
     def close(self) -> None:
         self.process.stdin.close()
@@ -173,30 +171,35 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--model", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
-        worker(args.worker, args.model, args.steps, args.compile)
+        worker(args.worker, args.model, args.compile)
         return
-    print("| model | speechtrain s/step | NeMo s/step | ratio (min-max over rounds) | params (ours / NeMo) |")
-    print("|---|---|---|---|---|")
+    header = "model | speechtrain s/step | NeMo s/step | ratio (min-max over rounds) | paired-step ratio | params"
+    print(f"| {header} (ours / NeMo) |")
+    print("|---|---|---|---|---|---|")
     for model_name in args.models:
-        ours = Worker(sys.executable, "speechtrain", model_name, args.steps, args.compile)
-        theirs = Worker(args.nemo_python, "nemo", model_name, args.steps, False) if args.nemo_python else None
-        times: dict[str, list[float]] = {"ours": [], "theirs": []}
+        ours = Worker(sys.executable, "speechtrain", model_name, args.compile)
+        theirs = Worker(args.nemo_python, "nemo", model_name, False) if args.nemo_python else None
+        rounds: list[dict[str, list[float]]] = []
         for index in range(args.rounds):
+            times: dict[str, list[float]] = {"ours": [], "theirs": []}
             pair = [("ours", ours), ("theirs", theirs)] if index % 2 == 0 else [("theirs", theirs), ("ours", ours)]
-            for key, side in pair:
-                if side is not None:
-                    times[key].append(side.run())
+            for _ in range(args.steps):
+                for key, side in pair:
+                    if side is not None:
+                        times[key].append(side.step())
+            rounds.append(times)
         for side in (ours, theirs):
             if side is not None:
                 side.close()
-        mine = statistics.median(times["ours"])
+        mine = statistics.median(t for r in rounds for t in r["ours"])
         if theirs is None:
-            print(f"| {model_name} | {mine:.3f} | - | - | {ours.params:,} / - |", flush=True)
+            print(f"| {model_name} | {mine:.3f} | - | - | - | {ours.params:,} / - |", flush=True)
             continue
-        nemo = statistics.median(times["theirs"])
-        ratios = [a / b for a, b in zip(times["ours"], times["theirs"], strict=True)]
+        nemo = statistics.median(t for r in rounds for t in r["theirs"])
+        ratios = [statistics.median(r["ours"]) / statistics.median(r["theirs"]) for r in rounds]
+        paired = statistics.median(a / b for r in rounds for a, b in zip(r["ours"], r["theirs"], strict=True))
         print(f"| {model_name} | {mine:.3f} | {nemo:.3f} | {mine / nemo:.2f} ({min(ratios):.2f}-{max(ratios):.2f}) "
-              f"| {ours.params:,} / {theirs.params:,} |", flush=True)  # fmt: skip
+              f"| {paired:.2f} | {ours.params:,} / {theirs.params:,} |", flush=True)  # fmt: skip
 
 
 if __name__ == "__main__":
