@@ -145,19 +145,22 @@ class Subsampling(torch.nn.Module):
 
 
 def _zero_first_padded_frame(x: torch.Tensor, lengths: torch.Tensor) -> None:
-    """Zero frame ``lengths[b]`` of each utterance of ``x`` (B, C, F, bands) that has one, in place.
+    """Zero frame ``lengths[b]`` of each utterance of ``x`` (B, C, F, bands) that has one, in place, before a ReLU.
 
     A kernel-3, stride-2, padding-1 convolution's last valid output reads at most one frame past its input's valid
     end, so this one frame is all the padding a valid output can see: valid outputs are as if unpadded (later
     frames are never read by them, and the encoder ignores padded frames), at the cost of B frames instead of a
-    pass over the whole (largest) activation. No host synchronisation: an utterance without padding rewrites its
-    last frame with itself.
+    pass over the whole (largest) activation. Outside autograd: the ReLU that follows has output 0 there, so its
+    backward already gives these frames the zero gradient that multiplying by 0 would (tracking the indexing would
+    cost two passes over the activation in the backward). No host synchronisation: an utterance without padding
+    rewrites its last frame with itself.
     """
     frames = x.shape[2]
     index = lengths.clamp(max=frames - 1)
     keep = (lengths >= frames).to(x.dtype)[:, None, None]  # (B, 1, 1)
     batch = torch.arange(x.shape[0], device=x.device)
-    x[batch, :, index, :] = x[batch, :, index, :] * keep  # (B, C, bands) frames
+    with torch.no_grad():
+        x[batch, :, index, :] = x[batch, :, index, :] * keep  # (B, C, bands) frames
 
 
 class MaskedBatchNorm1d(torch.nn.BatchNorm1d):
