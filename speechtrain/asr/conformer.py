@@ -131,17 +131,33 @@ class Subsampling(torch.nn.Module):
 
     def forward(self, feats: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         # Channels-last (B, F, bands, C) memory is what the CPU (oneDNN) and GPU (cuDNN) kernels of these
-        # convolutions run fastest on: 3-5x for the depthwise ones on CPU. The weights keep their layout.
-        x = feats.transpose(1, 2).unsqueeze(1)  # (B, n_mels, F) -> (B, 1, F, n_mels)
-        x = (x * frame_mask(lengths, x.shape[2])[:, None, :, None]).contiguous(memory_format=torch.channels_last)
-        for conv in self.convs:
-            x = conv(x)
+        # convolutions run fastest on: 3-5x for the depthwise ones on CPU. The weights keep their layout; the first
+        # convolution's output sets the layout of the rest.
+        x = feats.transpose(1, 2)  # (B, n_mels, F) -> (B, F, n_mels)
+        x = x * frame_mask(lengths, x.shape[1])[:, :, None]
+        for index, conv in enumerate(self.convs):
+            x = _first_conv(conv, x) if index == 0 else conv(x)
             lengths = _conv_out_length(lengths)
             _zero_first_padded_frame(x, lengths)
             x = x.relu_()  # in place: the convolution's backward does not need its output
         batch, channels, frames, bands = x.shape
         x = self.out(x.transpose(1, 2).reshape(batch, frames, channels * bands))  # (B, F', C*bands) -> (B, F', D)
         return x, lengths
+
+
+def _first_conv(conv: torch.nn.Conv2d, x: torch.Tensor) -> torch.Tensor:
+    """``conv`` (1 -> C channels, kernel 3, stride 2, padding 1) of x (B, F, n_mels) as one matrix product of the
+    3 x 3 patches: (B, C, F', bands) in channels-last memory. About 2x faster than the convolution kernel for a single
+    input channel on CPU, and its channels-last output is what makes the next convolutions take their fast kernels
+    (a one-channel input leaves the convolution's output layout ambiguous, and PyTorch picks NCHW)."""
+    x = F.pad(x, (1, 1, 1, 1))  # (B, F + 2, n_mels + 2)
+    batch, frames, bands = x.shape
+    out_frames, out_bands = (frames - 3) // 2 + 1, (bands - 3) // 2 + 1
+    s = x.stride()
+    patches = x.as_strided((batch, out_frames, out_bands, 3, 3), (s[0], 2 * s[1], 2 * s[2], s[1], s[2]))
+    weight = conv.weight.view(conv.out_channels, 9)  # (C, 1, 3, 3) -> (C, 9)
+    out = torch.addmm(conv.bias, patches.reshape(-1, 9), weight.t())  # (B * F' * bands, C)
+    return out.view(batch, out_frames, out_bands, -1).permute(0, 3, 1, 2)  # (B, F', bands, C) -> (B, C, F', bands)
 
 
 def _zero_first_padded_frame(x: torch.Tensor, lengths: torch.Tensor) -> None:
