@@ -5,9 +5,9 @@ Inputs (NeMo's config vocabulary): ``manifest_filepath`` (NeMo JSON lines) and/o
 CutSet ``.jsonl``/``.jsonl.gz``) and/or ``shar_path`` (lhotse Shar folder). Batches are built by lhotse's samplers:
 
 - ``use_bucketing`` groups utterances of similar duration into ``num_buckets`` buckets (bins from
-  ``bucket_duration_bins``, or estimated from the data: ``bucket_bins_method`` ``min_padding``, the default, places
-  the edges where the batches of ``batch_duration`` seconds pad least (in-memory data with a duration limit);
-  ``equal_duration`` is lhotse's equal audio per bucket, also used for lazy data), so batches carry little
+  ``bucket_duration_bins``, or estimated from the data: ``bucket_bins_method`` ``equal_duration``, the default, is
+  lhotse's equal audio per bucket; ``min_padding`` places the edges where the batches of ``batch_duration`` seconds
+  pad least, for in-memory data with a duration limit), so batches carry little
   padding; each batch holds ``batch_duration`` seconds of audio (``quadratic_duration`` q charges d + d^2/q, for
   models whose cost grows with length squared), or a fixed ``batch_size``, or per-bucket ``bucket_batch_size``.
   With both ``batch_size`` and ``batch_duration``, both limits hold: a batch closes at whichever it reaches first
@@ -63,9 +63,9 @@ class LoaderConfig:
     batch_duration: float | None = None
     quadratic_duration: float | None = None
     use_bucketing: bool = True
-    num_buckets: int = 40
+    num_buckets: int = 30
     bucket_duration_bins: list[float] | None = None
-    bucket_bins_method: str = "min_padding"
+    bucket_bins_method: str = "equal_duration"
     bucket_batch_size: list[int] | None = None
     bucket_buffer_size: int = 10000
     shuffle: bool = True
