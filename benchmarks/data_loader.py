@@ -4,8 +4,9 @@
 
 1. Padding ratio (padded frames / all frames in the batches) and mean batch (audio seconds) without bucketing, with
    lhotse's plain ``DynamicBucketingSampler`` (equal-audio bucket edges, ``bucket_bins_method=equal_duration``) and
-   with ``bucket_bins_method=min_padding`` edges, at 30 and 40 buckets, on the built-in eSpeak corpus and on a skewed mix
-   of 20,000 utterances of 1-30 s (log-uniform durations, metadata only: padding depends on durations alone).
+   with ``bucket_bins_method=min_padding`` edges, at 30 and 40 buckets, on the built-in eSpeak corpus and on a
+   skewed mix of 20,000 utterances of 1-30 s (log-uniform durations, metadata only: padding depends on durations
+   alone).
 2. Loader throughput in audio-seconds per second (WAV reading, checks, tokenising, padding) for
    num_workers 0 and 2, on the eSpeak corpus; and with speed perturbation and gain on.
 """
