@@ -2,9 +2,11 @@
 
     python benchmarks/data_loader.py [--hours 1] [--batch-duration 120]
 
-1. Padding ratio (padded frames / all frames in the batches) with and without duration bucketing (30 buckets),
-   on the built-in eSpeak corpus and on a skewed mix of 20,000 utterances of 1-30 s (log-uniform durations,
-   metadata only: padding depends on durations alone).
+1. Padding ratio (padded frames / all frames in the batches) and mean batch (audio seconds) without bucketing, with
+   lhotse's plain ``DynamicBucketingSampler`` (equal-audio bucket edges, ``bucket_bins_method=equal_duration``) and
+   with ``bucket_bins_method=min_padding`` edges, at 30 and 40 buckets, on the built-in eSpeak corpus and on a
+   skewed mix of 20,000 utterances of 1-30 s (log-uniform durations, metadata only: padding depends on durations
+   alone).
 2. Loader throughput in audio-seconds per second (WAV reading, checks, tokenising, padding) for
    num_workers 0 and 2, on the eSpeak corpus; and with speed perturbation and gain on.
 """
@@ -26,13 +28,16 @@ from speechtrain.data.lhotse_loader import (
 from speechtrain.data.speech_corpus import build_corpus
 
 
-def padding_ratio(cuts, cfg: LoaderConfig) -> float:
+def padding_ratio(cuts, cfg: LoaderConfig) -> tuple[float, float]:
+    """Padded / all frames of the batches, and the mean audio seconds of a batch."""
     padded = total = 0.0
+    batches = 0
     for batch in build_sampler(cuts, cfg, 0, 1):
         durations = [c.duration for c in batch]
         padded += max(durations) * len(durations) - sum(durations)
         total += max(durations) * len(durations)
-    return padded / total
+        batches += 1
+    return padded / total, (total - padded) / batches
 
 
 def skewed_cuts(count: int = 20000, seed: int = 0):
@@ -69,13 +74,19 @@ def main(argv: list[str] | None = None) -> None:
     corpus = build_corpus(hours=args.hours, seed=0)
     manifest = corpus["splits"]["train"]["manifest"]
     espeak = read_cuts(LoaderConfig(manifest_filepath=manifest))
-    print("| data | bucketing | padding ratio |")
-    print("|---|---|---|")
+    print(f"| data | bucketing ({args.batch_duration:g} s batches) | padding ratio | mean batch (audio s) |")
+    print("|---|---|---|---|")
+    settings = [("none", {"use_bucketing": False})]
+    for buckets in (30, 40):
+        settings.append((f"lhotse DynamicBucketingSampler, {buckets} equal-audio buckets",
+                         {"num_buckets": buckets, "bucket_bins_method": "equal_duration"}))  # fmt: skip
+        settings.append(
+            (f"{buckets} min-padding buckets", {"num_buckets": buckets, "bucket_bins_method": "min_padding"})
+        )
     for name, cuts in (("eSpeak corpus", espeak), ("skewed 1-30 s mix", skewed_cuts())):
-        for bucketing in (False, True):
-            cfg = LoaderConfig(batch_duration=args.batch_duration, use_bucketing=bucketing, num_buckets=30)
-            label = "30 buckets" if bucketing else "none"
-            print(f"| {name} | {label} | {100 * padding_ratio(cuts, cfg):.1f}% |")
+        for label, options in settings:
+            padding, mean_batch = padding_ratio(cuts, LoaderConfig(batch_duration=args.batch_duration, **options))
+            print(f"| {name} | {label} | {100 * padding:.1f}% | {mean_batch:.1f} |", flush=True)
     texts = [c.supervisions[0].text for c in espeak]
     print("\n| loader (eSpeak corpus, WAV) | audio-s/s |")
     print("|---|---|")

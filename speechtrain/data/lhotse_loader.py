@@ -7,7 +7,9 @@ with their length), or a NeMo tarred dataset (``is_tarred: true`` with ``tarred_
 :mod:`speechtrain.data.nemo_adapters`). Batches are built by lhotse's samplers:
 
 - ``use_bucketing`` groups utterances of similar duration into ``num_buckets`` buckets (bins from
-  ``bucket_duration_bins`` or estimated from the data with equal duration mass), so batches carry little
+  ``bucket_duration_bins``, or estimated from the data: ``bucket_bins_method`` ``equal_duration``, the default, is
+  lhotse's equal audio per bucket; ``min_padding`` places the edges where the batches of ``batch_duration`` seconds
+  pad least, for in-memory data with a duration limit), so batches carry little
   padding; each batch holds ``batch_duration`` seconds of audio (``quadratic_duration`` q charges d + d^2/q, for
   models whose cost grows with length squared), or a fixed ``batch_size``, or per-bucket ``bucket_batch_size``.
   With both ``batch_size`` and ``batch_duration``, both limits hold: a batch closes at whichever it reaches first
@@ -69,6 +71,7 @@ class LoaderConfig:
     use_bucketing: bool = True
     num_buckets: int = 30
     bucket_duration_bins: list[float] | None = None
+    bucket_bins_method: str = "equal_duration"
     bucket_batch_size: list[int] | None = None
     bucket_buffer_size: int = 10000
     shuffle: bool = True
@@ -427,11 +430,20 @@ def _build_sampler(cuts: Any, cfg: LoaderConfig, dp_rank: int, dp_world_size: in
         num_buckets = available
         logger.info("only %d utterances: bucketing with %d buckets instead of %d", available, num_buckets,
                     cfg.num_buckets)  # fmt: skip
+    if cfg.bucket_bins_method not in ("min_padding", "equal_duration"):
+        raise ValueError(f"bucket_bins_method must be min_padding or equal_duration, got {cfg.bucket_bins_method!r}.")
+    bins = cfg.bucket_duration_bins
+    if (cfg.use_bucketing and num_buckets >= 2 and bins is None and cfg.bucket_bins_method == "min_padding"
+            and not cuts.is_lazy and cfg.quadratic_duration is None):  # fmt: skip
+        from speechtrain.data.estimate_duration_bins import min_padding_bins
+
+        bins = min_padding_bins([c.duration for c in cuts], num_buckets, cfg.batch_duration, cfg.batch_size)
+        num_buckets = len(bins) + 1
     if cfg.use_bucketing and num_buckets >= 2:
         # The bucketing sampler shuffles within its buffer (bucket_buffer_size); shuffle_buffer_size is for the
         # non-bucketing sampler.
         return DynamicBucketingSampler(
-            cuts, num_buckets=num_buckets, duration_bins=cfg.bucket_duration_bins,
+            cuts, num_buckets=num_buckets, duration_bins=bins,
             buffer_size=cfg.bucket_buffer_size, **limits, **common,
         )  # fmt: skip
     return DynamicCutSampler(cuts, shuffle_buffer_size=cfg.shuffle_buffer_size, **limits, **common)

@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from speechtrain.lightning import parallel_state
+from speechtrain.nn.dropout import Dropout
 from speechtrain.nn.parallel import ColumnParallelLinear, RowParallelLinear
 
 _ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu, "silu": F.silu, "swish": F.silu}
@@ -30,11 +31,17 @@ def relative_positions(length: int, d_model: int, device: torch.device | None = 
 
 
 def _relative_shift(scores: torch.Tensor) -> torch.Tensor:
-    """(B, h, T, 2T-1) scores against distances ``T-1 .. -(T-1)`` -> (B, h, T, T) scores of key j for query i."""
+    """(B, h, T, 2T-1) scores against distances ``T-1 .. -(T-1)`` -> (B, h, T, T) scores of key j for query i.
+
+    Query i's distance to key j, ``i - j``, sits in column ``T-1 - i + j``: row i of the result starts ``T-1 - i``
+    columns in, which is a strided view (row stride ``2T-2``) of the contiguous scores: no copy, no padding.
+    """
     batch, heads, time, positions = scores.shape
-    scores = F.pad(scores, (1, 0))  # (B, h, T, 2T)
-    scores = scores.view(batch, heads, positions + 1, time)[:, :, 1:].view(batch, heads, time, positions)
-    return scores[..., :time]
+    scores = scores.contiguous()
+    stride = scores.stride()
+    return scores.as_strided(
+        (batch, heads, time, time), (stride[0], stride[1], positions - 1, 1), scores.storage_offset() + time - 1
+    )
 
 
 class MultiHeadAttention(torch.nn.Module):
@@ -80,14 +87,16 @@ class MultiHeadAttention(torch.nn.Module):
                 for bias in (self.pos_bias_u, self.pos_bias_v):
                     bias.tensor_model_parallel, bias.partition_dim, bias.partition_stride = True, 0, 1
 
-    def _relative_scores(self, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
-        """(B, h, T, T) content + position scores, scaled. q, k: (B, h, T, d)."""
+    def _position_bias(self, q: torch.Tensor, positions: torch.Tensor | None) -> torch.Tensor:
+        """(B, h, T, T) position scores ``(q + v) . p_(i-j)``, scaled, to add to the content scores. q: (B, h, T, d);
+        positions: the (2T-1, D) encodings of :func:`relative_positions` (computed here when None)."""
         time = q.shape[2]
-        encoding = relative_positions(time, self.d_model, q.device).to(q.dtype)
-        p = self.position(encoding).view(2 * time - 1, self.local_heads, self.head_dim).transpose(0, 1)  # (h, 2T-1, d)
-        content = (q + self.pos_bias_u[None, :, None, :]) @ k.transpose(-1, -2)  # (B, h, T, T)
-        position = _relative_shift((q + self.pos_bias_v[None, :, None, :]) @ p.transpose(-1, -2)[None])
-        return (content + position) / math.sqrt(self.head_dim)
+        if positions is None:
+            positions = relative_positions(time, self.d_model, q.device)
+        p = self.position(positions.to(q.dtype))  # (2T-1, h*d)
+        p = p.view(2 * time - 1, self.local_heads, self.head_dim).permute(1, 2, 0)  # (2T-1, h, d) -> (h, d, 2T-1)
+        scale = 1.0 / math.sqrt(self.head_dim)
+        return _relative_shift(torch.matmul((q + self.pos_bias_v[:, None, :]) * scale, p))
 
     @staticmethod
     def _tp() -> int:
@@ -99,6 +108,7 @@ class MultiHeadAttention(torch.nn.Module):
         pad_mask: torch.Tensor | None = None,
         causal: bool = False,
         cache: dict[str, torch.Tensor] | None = None,
+        positions: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Attend.
 
@@ -108,6 +118,8 @@ class MultiHeadAttention(torch.nn.Module):
             causal: position i attends to positions <= i only.
             cache: incremental decoding (causal, absolute positions only): the keys and values of earlier
                 positions, read from and appended to this dict (``k``, ``v``: (B, h, T_past, d)).
+            positions: relative-position attention: the (2T-1, D) :func:`relative_positions` encodings, computed once
+                per forward by the caller for all its layers (computed here when None).
 
         Returns:
             (B, T, D), identical on all tensor-parallel ranks.
@@ -134,12 +146,14 @@ class MultiHeadAttention(torch.nn.Module):
         rng = _model_parallel_rng() if dropout > 0 and self._tp() > 1 else contextlib.nullcontext()
         with rng:
             if self.relative_positions:
-                scores = self._relative_scores(q, k)
+                # The position term is an additive bias of the fused kernel, which adds the content term
+                # (q + u) . k_j itself; padded keys get -inf in the same bias.
+                bias = self._position_bias(q, positions)
                 if mask is not None:
-                    scores = scores.masked_fill(~mask, float("-inf"))
-                y = F.dropout(scores.softmax(dim=-1), dropout) @ v  # (B, h, T, d)
-            else:
-                y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout)
+                    bias = bias.masked_fill(~mask, float("-inf"))
+                q = q + self.pos_bias_u[:, None, :]
+                mask = bias
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout)  # (B, h, T, d)
         y = y.transpose(1, 2).reshape(batch, time, self.local_heads * self.head_dim)  # (B, h, T, d) -> (B, T, h*d)
         return self.out(y)
 
@@ -246,7 +260,7 @@ class FeedForward(torch.nn.Module):
         self.up = ColumnParallelLinear(d_model, d_ff)
         self.down = RowParallelLinear(d_ff, d_model, input_is_parallel=True)
         self.activation = _ACTIVATIONS[activation]
-        self.dropout = torch.nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: (..., D) -> (..., D)."""
