@@ -29,8 +29,9 @@ import contextlib
 import importlib
 import types
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
+from unittest import mock
 
 import torch
 
@@ -40,32 +41,24 @@ _PATCHED_MODULES = (
     "megatron.core.tensor_parallel.mappings",  # gather/scatter buffers (gather_output, sequence parallel)
     # the engine: DDP's contiguous gradient buffers, the optimizers, the loss scaler, clipping
     "megatron.core.distributed.param_and_grad_buffer",
-    "megatron.core.distributed.distributed_data_parallel",
     "megatron.core.optimizer.optimizer",
     "megatron.core.optimizer.distrib_optimizer",
     "megatron.core.optimizer.grad_scaler",
     "megatron.core.optimizer.clip_grads",
     # the GPT model (local layer spec): rotary tables, the attention matmul buffer, the default causal mask,
-    # the KV cache of static-batch inference
+    # the KV cache of static-batch inference (allocated by the attention layer)
     "megatron.core.utils",
     "megatron.core.models.common.embeddings.rotary_pos_embedding",
     "megatron.core.transformer.utils",
     "megatron.core.transformer.attention",
-    "megatron.core.inference.contexts.static_context",
 )
-_MISSING = object()
-_state: dict[str, Any] = {"imported": False, "cpu": None, "tracker": None, "originals": {}}
-
-
-def cuda_available() -> bool:
-    """Whether CUDA exists on this machine (not whether the run uses it: see :func:`on_cpu`)."""
-    return torch.cuda.is_available()
+_state: dict[str, Any] = {"imported": False, "cpu": None, "tracker": None, "swaps": []}
 
 
 def on_cpu() -> bool:
     """Whether Megatron runs on the CPU in this process (chosen by :func:`use_device`; before that, whether CUDA
     is absent). Never imports Megatron."""
-    return _state["cpu"] if _state["cpu"] is not None else not cuda_available()
+    return _state["cpu"] if _state["cpu"] is not None else not torch.cuda.is_available()
 
 
 class _CpuCuda:
@@ -83,12 +76,14 @@ class _CpuCuda:
         return getattr(torch.cuda, name)
 
 
-def _cpu_device(device: Any) -> Any:
-    if device is None:
-        return None
-    if isinstance(device, int) or str(device).startswith("cuda"):
-        return torch.device("cpu")
-    return device
+def _on_cpu(factory: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+    """``factory`` (``torch.zeros``, ...) with a CUDA ``device`` (``"cuda"``, ``"cuda:0"``, an index) made the CPU."""
+
+    def make(*args: Any, device: Any = None, **kwargs: Any) -> torch.Tensor:
+        cuda = isinstance(device, int) or str(device).startswith("cuda")
+        return factory(*args, device=torch.device("cpu") if cuda else device, **kwargs)
+
+    return make
 
 
 class _CpuTorch(types.ModuleType):
@@ -97,29 +92,11 @@ class _CpuTorch(types.ModuleType):
     def __init__(self) -> None:
         super().__init__("torch")
         self.cuda = _CpuCuda()
+        for name in ("zeros", "empty", "ones", "arange", "tensor"):
+            setattr(self, name, _on_cpu(getattr(torch, name)))
 
     def __getattr__(self, name: str) -> Any:
         return getattr(torch, name)
-
-    @staticmethod
-    def zeros(*args: Any, device: Any = None, **kwargs: Any) -> torch.Tensor:
-        return torch.zeros(*args, device=_cpu_device(device), **kwargs)
-
-    @staticmethod
-    def empty(*args: Any, device: Any = None, **kwargs: Any) -> torch.Tensor:
-        return torch.empty(*args, device=_cpu_device(device), **kwargs)
-
-    @staticmethod
-    def ones(*args: Any, device: Any = None, **kwargs: Any) -> torch.Tensor:
-        return torch.ones(*args, device=_cpu_device(device), **kwargs)
-
-    @staticmethod
-    def arange(*args: Any, device: Any = None, **kwargs: Any) -> torch.Tensor:
-        return torch.arange(*args, device=_cpu_device(device), **kwargs)
-
-    @staticmethod
-    def tensor(*args: Any, device: Any = None, **kwargs: Any) -> torch.Tensor:
-        return torch.tensor(*args, device=_cpu_device(device), **kwargs)
 
     @staticmethod
     def autocast(device_type: str, *args: Any, **kwargs: Any) -> torch.autocast:
@@ -128,11 +105,9 @@ class _CpuTorch(types.ModuleType):
 
 # ----------------------------------------------------------------------------------- CPU versions of kernels
 def _foreach_l2_norm(chunk_size: int, noop_flag: Any, tensor_lists: list, per_tensor: bool, *args: Any) -> tuple:
-    """``amp_C.multi_tensor_l2norm`` with one fused ``_foreach_norm`` (Megatron's fallback syncs per tensor)."""
-    tensors = tensor_lists[0]
-    if not tensors:
-        return torch.zeros(1), None
-    norms = torch._foreach_norm([t.float() if t.dtype != torch.float32 else t for t in tensors])
+    """``amp_C.multi_tensor_l2norm`` with one fused ``_foreach_norm`` (Megatron's fallback syncs per tensor).
+    Megatron calls it through its ``multi_tensor_applier``, a pass-through, and only with gradients to norm."""
+    norms = torch._foreach_norm([t.float() for t in tensor_lists[0]])
     return torch.linalg.vector_norm(torch.stack(norms)).reshape(1), None
 
 
@@ -154,48 +129,37 @@ def _load_scaler_state(self: Any, state_dict: dict) -> None:
     self._hysteresis_tracker = state_dict["hysteresis_tracker"]
 
 
-def _cpu_replacements() -> list[tuple[Any, str, Any]]:
-    """(object, attribute, CPU value) for everything a CPU run swaps besides the modules' ``torch``."""
+def _cpu_swaps() -> list[tuple[Any, str, Any, Any]]:
+    """(object, attribute, original value, CPU value) for everything a CPU run swaps. The bridge clips through
+    ``clip_grads`` itself (:class:`~speechtrain.lightning.optimizer.MegatronOptimizer`), never through Megatron's
+    ``step()``."""
     clip_grads = importlib.import_module("megatron.core.optimizer.clip_grads")
-    optimizer = importlib.import_module("megatron.core.optimizer.optimizer")
     grad_scaler = importlib.import_module("megatron.core.optimizer.grad_scaler")
     cpu_torch = _CpuTorch()
-    return [
+    swaps = [
         *((importlib.import_module(name), "torch", cpu_torch) for name in _PATCHED_MODULES),
         (clip_grads, "l2_norm_impl", _foreach_l2_norm),
-        (clip_grads, "multi_tensor_applier", lambda op, flag, lists, *args: op(2048 * 32, flag, lists, *args)),
         (clip_grads, "clip_grad_by_total_norm_fp32", _clip_grad_by_total_norm_fp32),
-        (optimizer, "clip_grad_by_total_norm_fp32", _clip_grad_by_total_norm_fp32),
         (grad_scaler.DynamicGradScaler, "load_state_dict", _load_scaler_state),
     ]
+    return [(target, name, getattr(target, name), value) for target, name, value in swaps]
 
 
 def use_device(device: torch.device | str) -> None:
     """Run Megatron on ``device``'s type: CPU adaptations on for ``cpu``, every original back for ``cuda``."""
     import_megatron()
     cpu = torch.device(device).type == "cpu"
-    if cpu == _state["cpu"]:
-        return
-    originals = _state["originals"]
-    for target, name, value in _cpu_replacements():
-        key = (id(target), name)
-        if cpu:
-            originals.setdefault(key, (target, name, getattr(target, name, _MISSING)))
-            setattr(target, name, value)
-        elif key in originals and originals[key][2] is _MISSING:
-            delattr(target, name)
-        elif key in originals:
-            setattr(target, name, originals[key][2])
-    _state["cpu"] = cpu
+    if cpu != _state["cpu"]:
+        for target, name, original, value in _state["swaps"]:
+            setattr(target, name, value if cpu else original)
+        _state["cpu"] = cpu
 
 
-@contextlib.contextmanager
-def building_optimizer() -> Iterator[None]:
+def building_optimizer() -> contextlib.AbstractContextManager:
     """Around ``get_megatron_optimizer``: in a CPU run, CPU tensors answer ``type()`` with the CUDA names
     (``torch.cuda.FloatTensor`` ...) that Megatron's optimizers check parameters against. Nothing on CUDA."""
     if not on_cpu():
-        yield
-        return
+        return contextlib.nullcontext()
     original = torch.Tensor.type
 
     def type_(self: torch.Tensor, dtype: Any = None, non_blocking: bool = False, **kwargs: Any) -> Any:
@@ -203,39 +167,34 @@ def building_optimizer() -> Iterator[None]:
             return original(self).replace("torch.", "torch.cuda.", 1)
         return original(self, dtype, non_blocking, **kwargs)
 
-    torch.Tensor.type = type_
-    try:
-        yield
-    finally:
-        torch.Tensor.type = original
+    return mock.patch.object(torch.Tensor, "type", type_)
 
 
 def import_megatron() -> types.ModuleType:
     """Import ``megatron.core`` quietly; the first call adapts it to the CPU when CUDA is absent. Idempotent."""
     if not _state["imported"]:
-        # Announcements of the CPU fallbacks (no transformer-engine / Apex), made at import and on first use.
-        warnings.filterwarnings("ignore", message=".*Transformer Engine and Apex are not installed.*")
-        warnings.filterwarnings("ignore", message=".*Apex is not installed.*")
+        # Megatron's announcements of the CPU fallbacks (no transformer-engine / Apex, at import and on first use),
+        # its layers' warning (at every construction) about a CUDA-only tuning variable, and its notices about its
+        # own internals (not about how speechtrain calls it).
+        for notice in ("Transformer Engine and Apex are not installed", "Apex is not installed",
+                       "Falling back to local implementations", "Falling back to Torch optimizers",
+                       "CUDA_DEVICE_MAX_CONNECTIONS", "full scope is deprecated"):  # fmt: skip
+            warnings.filterwarnings("ignore", message=f".*{notice}.*")
         warnings.filterwarnings("ignore", message=".*transformer_engine.*", category=UserWarning)
-        warnings.filterwarnings("ignore", message=".*Falling back to local implementations.*")
-        warnings.filterwarnings("ignore", message=".*Falling back to Torch optimizers.*")
+        for notice in ("tp_group is None", "MLP requires ffn_hidden_size", "custom_layers.transformer_engine",
+                       "dynamic_context.py"):  # fmt: skip
+            warnings.filterwarnings("ignore", message=f".*{notice}.*", category=DeprecationWarning)
         import megatron.core  # noqa: F401
         import megatron.core.distributed  # noqa: F401
         import megatron.core.optimizer  # noqa: F401
         import megatron.core.pipeline_parallel.schedules  # noqa: F401
         import megatron.core.tensor_parallel  # noqa: F401
 
-        # Megatron's layers warn on every construction about a CUDA-only tuning variable.
-        warnings.filterwarnings("ignore", message=".*CUDA_DEVICE_MAX_CONNECTIONS.*")
-        warnings.filterwarnings("ignore", message=".*full scope is deprecated.*")
-        # Megatron's own deprecation notices about its internals (not about how speechtrain calls it).
-        for notice in ("tp_group is None", "MLP requires ffn_hidden_size", "custom_layers.transformer_engine",
-                       "dynamic_context.py"):  # fmt: skip
-            warnings.filterwarnings("ignore", message=f".*{notice}.*", category=DeprecationWarning)
         _tolerate_foreign_decoders()
         _torch_optimizer_step_state()
+        _state["swaps"] = _cpu_swaps()
         _state["imported"] = True
-        use_device("cpu" if not cuda_available() else "cuda")
+        use_device("cuda" if torch.cuda.is_available() else "cpu")
     return importlib.import_module("megatron.core")
 
 
@@ -258,7 +217,7 @@ def _torch_optimizer_step_state() -> None:
     state has a ``step`` tensor that Megatron's checkpoint of the shards leaves out. Two fixes for that path (CPU
     runs, or GPUs without the ``gpu`` extra): loading the shards copies only the tensors the checkpoint has, and
     every parameter gets its own ``step`` tensor back (Megatron hands all of them one shared tensor, which torch's
-    foreach Adam would then advance once per parameter)."""
+    foreach Adam would then advance once per parameter). Applied once, by :func:`import_megatron`."""
     distrib = importlib.import_module("megatron.core.optimizer.distrib_optimizer")
     if distrib.HAVE_APEX_OR_TE:
         return
@@ -278,14 +237,8 @@ def _torch_optimizer_step_state() -> None:
             if isinstance(state.get("step"), torch.Tensor):
                 state["step"] = state["step"].clone()
 
-    if not getattr(optimizer_class, "_speechtrain_step_state", False):
-        if not optimizer_class.__dict__.get("_set_main_param_and_optimizer_states"):
-            raise RuntimeError(
-                "megatron-core changed: DistributedOptimizer has no _set_main_param_and_optimizer_states"
-            )
-        optimizer_class._set_main_param_and_optimizer_states = set_states
-        optimizer_class.load_state_dict = load_state_dict
-        optimizer_class._speechtrain_step_state = True
+    optimizer_class._set_main_param_and_optimizer_states = set_states
+    optimizer_class.load_state_dict = load_state_dict
 
 
 class CpuRNGStatesTracker:
@@ -346,31 +299,29 @@ def model_parallel_manual_seed(seed: int) -> None:
     random._CUDA_RNG_STATE_TRACKER_INITIALIZED = True
 
 
+def _tracker() -> Any:
+    """The model-parallel RNG tracker: Megatron's on CUDA; in a CPU run the CPU one (None before seeding)."""
+    if on_cpu():
+        return _state["tracker"]
+    from megatron.core.tensor_parallel import get_cuda_rng_tracker
+
+    return get_cuda_rng_tracker()
+
+
 def model_parallel_rng() -> contextlib.AbstractContextManager:
     """A context in which random ops (dropout inside tensor-parallel regions) use the model-parallel stream."""
-    if not on_cpu():
-        from megatron.core.tensor_parallel import get_cuda_rng_tracker
-
-        return get_cuda_rng_tracker().fork()
-    if _state["tracker"] is None:
-        return contextlib.nullcontext()
-    return _state["tracker"].fork()
+    tracker = _tracker()
+    return contextlib.nullcontext() if tracker is None else tracker.fork()
 
 
 def rng_tracker_states() -> dict[str, torch.Tensor]:
     """The model-parallel RNG streams, for checkpoints."""
-    if not on_cpu():
-        from megatron.core.tensor_parallel import get_cuda_rng_tracker
-
-        return get_cuda_rng_tracker().get_states()
-    return _state["tracker"].get_states() if _state["tracker"] is not None else {}
+    tracker = _tracker()
+    return {} if tracker is None else tracker.get_states()
 
 
 def set_rng_tracker_states(states: dict[str, torch.Tensor]) -> None:
     """Restore what :func:`rng_tracker_states` returned."""
-    if not on_cpu():
-        from megatron.core.tensor_parallel import get_cuda_rng_tracker
-
-        get_cuda_rng_tracker().set_states(states)
-    elif _state["tracker"] is not None:
-        _state["tracker"].set_states(states)
+    tracker = _tracker()
+    if tracker is not None:
+        tracker.set_states(states)
