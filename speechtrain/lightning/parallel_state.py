@@ -18,29 +18,35 @@ def _mpu() -> Any:
     return module
 
 
+def _ask(getter: str, default: Any) -> Any:
+    """Megatron's ``parallel_state.<getter>()``, or ``default`` when Megatron's parallel state is not set up."""
+    mpu = _mpu()
+    return getattr(mpu, getter)() if mpu else default
+
+
+def _distributed() -> bool:
+    return torch.distributed.is_available() and torch.distributed.is_initialized()
+
+
 def is_initialized() -> bool:
     """Whether Megatron's parallel state is set up in this process."""
     return _mpu() is not None
 
 
 def tensor_parallel_world_size() -> int:
-    mpu = _mpu()
-    return mpu.get_tensor_model_parallel_world_size() if mpu else 1
+    return _ask("get_tensor_model_parallel_world_size", 1)
 
 
 def tensor_parallel_rank() -> int:
-    mpu = _mpu()
-    return mpu.get_tensor_model_parallel_rank() if mpu else 0
+    return _ask("get_tensor_model_parallel_rank", 0)
 
 
 def pipeline_parallel_world_size() -> int:
-    mpu = _mpu()
-    return mpu.get_pipeline_model_parallel_world_size() if mpu else 1
+    return _ask("get_pipeline_model_parallel_world_size", 1)
 
 
 def pipeline_parallel_rank() -> int:
-    mpu = _mpu()
-    return mpu.get_pipeline_model_parallel_rank() if mpu else 0
+    return _ask("get_pipeline_model_parallel_rank", 0)
 
 
 def is_pipeline_first_stage() -> bool:
@@ -52,37 +58,25 @@ def is_pipeline_last_stage() -> bool:
 
 
 def data_parallel_world_size() -> int:
-    mpu = _mpu()
-    if mpu:
-        return mpu.get_data_parallel_world_size()
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        return torch.distributed.get_world_size()
-    return 1
+    """Without Megatron's parallel state, the size of the distributed world (plain DDP), else 1."""
+    return _ask("get_data_parallel_world_size", torch.distributed.get_world_size() if _distributed() else 1)
 
 
 def data_parallel_rank() -> int:
-    mpu = _mpu()
-    if mpu:
-        return mpu.get_data_parallel_rank()
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        return torch.distributed.get_rank()
-    return 0
+    return _ask("get_data_parallel_rank", torch.distributed.get_rank() if _distributed() else 0)
 
 
 def data_parallel_group() -> Any:
     """The data-parallel process group (None: the default group, or no distributed run)."""
-    mpu = _mpu()
-    return mpu.get_data_parallel_group() if mpu else None
+    return _ask("get_data_parallel_group", None)
 
 
 def tensor_parallel_group() -> Any:
-    mpu = _mpu()
-    return mpu.get_tensor_model_parallel_group() if mpu else None
+    return _ask("get_tensor_model_parallel_group", None)
 
 
 def pipeline_parallel_group() -> Any:
-    mpu = _mpu()
-    return mpu.get_pipeline_model_parallel_group() if mpu else None
+    return _ask("get_pipeline_model_parallel_group", None)
 
 
 def all_reduce(tensor: torch.Tensor, group: Any, op: Any = None) -> torch.Tensor:
@@ -100,38 +94,19 @@ def average_norm_statistics(module: torch.nn.Module) -> None:
     would use different statistics and checkpoints and archives would hold rank 0's. A collective call on every
     rank (a no-op without data parallelism); the order of the buffers is the module's, the same on every rank.
     """
-    group = data_parallel_group()
     size = data_parallel_world_size()
-    if size == 1 or group is None and not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+    if size == 1:  # (more than one rank: Megatron's data-parallel group, or the default group of plain DDP)
         return
     stats = [b for name, b in module.named_buffers() if name.rsplit(".", 1)[-1] in ("running_mean", "running_var")
              and b.is_floating_point()]  # fmt: skip
     if not stats:
         return
     flat = torch._utils._flatten_dense_tensors([s.float() for s in stats])
-    torch.distributed.all_reduce(flat, group=group)
+    torch.distributed.all_reduce(flat, group=data_parallel_group())
     flat /= size
     with torch.no_grad():
         for stat, mean in zip(stats, torch._utils._unflatten_dense_tensors(flat, stats)):
             stat.copy_(mean)
-
-
-def model_parallel_group() -> Any:
-    """The tensor x pipeline group of this rank (None when there is no model parallelism)."""
-    mpu = _mpu()
-    return mpu.get_model_parallel_group() if mpu else None
-
-
-_options = {"distributed_optimizer": False}
-
-
-def set_distributed_optimizer(enabled: bool) -> None:
-    """Chosen by the strategy: shard optimizer states over the data-parallel group."""
-    _options["distributed_optimizer"] = enabled
-
-
-def distributed_optimizer_enabled() -> bool:
-    return _options["distributed_optimizer"] and is_initialized()
 
 
 def same_on_tensor_parallel_ranks(tensor: torch.Tensor) -> torch.Tensor:
