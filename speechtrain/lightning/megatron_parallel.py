@@ -26,7 +26,7 @@ data-dependent branches.
 """
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from functools import partial
 from typing import Any
 
@@ -91,11 +91,9 @@ class MegatronParallel:
             and ``set_input_tensor``. Its parameters must be on their final device and dtype.
         device: the device the run trains on (bridge tensors such as token counts are made there).
         micro_batch_size: micro-batch size (None: the whole batch is one micro-batch).
-        pipeline_dtype: dtype of activations sent between pipeline stages.
         overlap_grad_reduce: reduce gradient buckets during backward (see module docstring).
         use_distributed_optimizer: shard the gradient buffer for Megatron's ``DistributedOptimizer``.
         grad_reduce_in_fp32: accumulate and reduce gradients in fp32 whatever the parameter dtype.
-        bucket_size: elements per gradient bucket under ``overlap_grad_reduce`` (None: Megatron's default).
     """
 
     def __init__(
@@ -103,11 +101,9 @@ class MegatronParallel:
         module: torch.nn.Module,
         device: torch.device,
         micro_batch_size: int | None = None,
-        pipeline_dtype: torch.dtype = torch.float32,
         overlap_grad_reduce: bool = False,
         use_distributed_optimizer: bool = False,
         grad_reduce_in_fp32: bool = True,
-        bucket_size: int | None = None,
     ) -> None:
         for name in ("forward_step", "loss_step", "set_input_tensor"):
             if not callable(getattr(module, name, None)):
@@ -132,7 +128,7 @@ class MegatronParallel:
             num_attention_heads=tp,
             tensor_model_parallel_size=tp,
             pipeline_model_parallel_size=pp,
-            pipeline_dtype=pipeline_dtype,
+            pipeline_dtype=torch.float32,  # activations sent between pipeline stages
             variable_seq_lengths=True,  # speech: every micro-batch has its own length; shapes are sent first
             moe_token_dispatcher_type="alltoall",  # (unused: no experts) the default refuses variable lengths
             deallocate_pipeline_outputs=False,
@@ -150,12 +146,11 @@ class MegatronParallel:
             grad_reduce_in_fp32=grad_reduce_in_fp32,
             overlap_grad_reduce=overlap_grad_reduce,
             use_distributed_optimizer=use_distributed_optimizer,
-            bucket_size=bucket_size,
         )
         self.ddp = DistributedDataParallel(self.config, ddp_config, module)
         self.config.no_sync_func = self._no_sync
         self._accumulating = False  # this batch is not the last of an accumulation window
-        self._window_tokens: torch.Tensor | None = None  # tokens of the window's earlier batches
+        self._window_tokens = torch.zeros((), dtype=torch.int, device=self.device)  # the window's earlier batches'
 
     # ------------------------------------------------------------------------------------------- the optimizer
     def build_optimizer(self, **settings: Any) -> Any:
@@ -168,7 +163,7 @@ class MegatronParallel:
     def start_window(self) -> None:
         """Zero the gradient buffers before the first batch of an optimizer step."""
         self.ddp.zero_grad_buffer()
-        self._window_tokens = None
+        self._window_tokens = torch.zeros((), dtype=torch.int, device=self.device)
 
     @contextlib.contextmanager
     def _no_sync(self) -> Iterator[None]:
@@ -185,22 +180,19 @@ class MegatronParallel:
         tokens); inside a window only the token count is carried to the next batch."""
         from megatron.core.distributed import finalize_model_grads
 
-        tokens = self._tokens(num_tokens)
+        tokens = self._window_tokens if num_tokens is None else self._window_tokens + num_tokens
         if self._accumulating:
             self._window_tokens = tokens
-            return
-        finalize_model_grads(model, num_tokens=tokens, **kwargs)
-
-    def _tokens(self, num_tokens: torch.Tensor | None) -> torch.Tensor:
-        tokens = torch.zeros((), dtype=torch.int, device=self.device) if num_tokens is None else num_tokens
-        return tokens if self._window_tokens is None else tokens + self._window_tokens
+        else:
+            finalize_model_grads(model, num_tokens=tokens, **kwargs)
 
     # ------------------------------------------------------------------------------------------------ a step
     @staticmethod
     def _loss_func(module: torch.nn.Module, batch: Any, output: torch.Tensor) -> tuple:
         loss_sum, num_tokens = module.loss_step(batch, output)
         num_tokens = torch.as_tensor(num_tokens).to(device=loss_sum.device, dtype=torch.int).reshape(())
-        return loss_sum, num_tokens, {"loss_sum": loss_sum.detach().float(), "num_tokens": num_tokens}
+        # What the schedule hands back to ``run`` for this micro-batch: (loss_sum, num_tokens).
+        return loss_sum, num_tokens, torch.stack([loss_sum.detach().double().reshape(()), num_tokens.double()])
 
     def _forward_step(self, data_iterator: Any, model: torch.nn.Module) -> tuple:
         batch = next(data_iterator)
@@ -238,13 +230,8 @@ class MegatronParallel:
             micro_batch_size=0,
             forward_only=forward_only,
         )
-        if results:
-            sums = torch.stack(
-                [
-                    torch.stack([item["loss_sum"].double().reshape(()), item["num_tokens"].double().reshape(())])
-                    for item in results
-                ]
-            ).sum(0)
+        if results:  # the last pipeline stage's micro-batches (the other stages report none)
+            sums = torch.stack(results).sum(0)
         return self._reduce_loss(sums)
 
     @staticmethod
@@ -253,10 +240,6 @@ class MegatronParallel:
         sums = parallel_state.all_reduce(sums, parallel_state.pipeline_parallel_group())
         sums = parallel_state.all_reduce(sums, parallel_state.data_parallel_group())
         return (sums[0] / sums[1].clamp(min=1)).float()
-
-    def set_grad_scale_func(self, func: Callable[[torch.Tensor], torch.Tensor] | None) -> None:
-        """Multiply the loss before backward (fp16 loss scaling; Megatron's schedules call it)."""
-        self.config.grad_scale_func = func
 
     def activate(self) -> None:
         _active["engine"] = self

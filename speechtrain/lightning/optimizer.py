@@ -57,11 +57,10 @@ class MegatronOptimizer(torch.optim.Optimizer):
         clip_grad: float = 0.0,
         precision: str = "32-true",
     ) -> "MegatronOptimizer":
-        """The optimizer named ``name`` (``adamw``, ``adam`` or ``sgd``) over ``engine``'s model chunk."""
+        """The optimizer named ``name`` (``adamw``, ``adam`` or ``sgd``, checked by
+        :func:`speechtrain.core.optim.build_optimizer`) over ``engine``'s model chunk."""
         from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
-        if name not in ("adamw", "adam", "sgd"):
-            raise ValueError(f"Unknown optimizer model.optim.name={name!r}; choose adamw, adam or sgd.")
         config = OptimizerConfig(
             optimizer="sgd" if name == "sgd" else "adam",
             lr=lr,
@@ -87,25 +86,12 @@ class MegatronOptimizer(torch.optim.Optimizer):
             group["lr"] = lr * group.get("lr_mult", 1.0)
             group["weight_decay"] = weight_decay * group.get("wd_mult", 1.0)
         if precision == "16-mixed":
-            engine.set_grad_scale_func(mcore.scale_loss)
+            engine.config.grad_scale_func = mcore.scale_loss  # Megatron's schedules scale the loss before backward
         return cls(mcore, clip_grad=clip_grad, distributed=engine.use_distributed_optimizer)
 
-    # ------------------------------------------------------------------------------- what torch and Lightning see
-    @property
-    def param_groups(self) -> list[dict[str, Any]]:  # type: ignore[override]
-        return self.mcore.param_groups
-
-    @param_groups.setter
-    def param_groups(self, value: list[dict[str, Any]]) -> None:
-        self.mcore.param_groups = value
-
-    @property
-    def state(self) -> Any:  # type: ignore[override]
-        return self.mcore.state
-
-    @state.setter
-    def state(self, value: Any) -> None:
-        self.mcore.state = value
+    # ----------------------------------------------- what torch and Lightning see: the Megatron optimizer's groups
+    param_groups = property(lambda self: self.mcore.param_groups)  # type: ignore[assignment]
+    state = property(lambda self: self.mcore.state)  # type: ignore[assignment]
 
     @property
     def loss_scale(self) -> float | None:
@@ -122,17 +108,12 @@ class MegatronOptimizer(torch.optim.Optimizer):
         when ``should_update`` says no."""
         from megatron.core.optimizer import clip_grads
 
-        result = None
-        if closure is not None:
-            with torch.enable_grad():
-                result = closure()
+        # Lightning's closure (the step's forward and backward, then its on_before_optimizer_step hooks and clipping).
+        result = None if closure is None else torch.enable_grad()(closure)()
         self.last_step_skipped = True
-        if self.mcore.prepare_grads():  # fp16 overflow: Megatron's scaler has already backed off
-            self.last_grad_norm = math.inf
-            return result
-        norm = float(self.mcore.get_grad_norm())
-        self.last_grad_norm = norm
-        if self.should_update is not None and not self.should_update(norm):
+        overflow = self.mcore.prepare_grads()  # fp16: Megatron's scaler has already backed off
+        norm = self.last_grad_norm = math.inf if overflow else float(self.mcore.get_grad_norm())
+        if overflow or (self.should_update is not None and not self.should_update(norm)):
             return result
         if self.clip_grad > 0:
             decoupled = self.mcore.config.use_precision_aware_optimizer_no_fp8_or_ds_fp8

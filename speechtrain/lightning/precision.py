@@ -17,10 +17,8 @@ distributed optimizer, DP) ranks; ``gradient_clip_algorithm=value`` is refused.
 
 import contextlib
 import importlib.util
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Iterator
 
-import lightning.pytorch as pl
 import torch
 from lightning.pytorch.plugins.precision import Precision
 
@@ -106,20 +104,11 @@ class MegatronMixedPrecision(Precision):
 
     def clip_grad_by_norm(self, optimizer: torch.optim.Optimizer, clip_val: float | int) -> None:
         """Clipping happens inside the optimizer step, by the global norm (see module docstring)."""
-        optimizer = getattr(optimizer, "_optimizer", optimizer)
-        if hasattr(optimizer, "clip_grad"):
-            optimizer.clip_grad = float(clip_val)
+        optimizer = getattr(optimizer, "_optimizer", optimizer)  # a LightningOptimizer: the optimizer inside
+        optimizer.clip_grad = float(clip_val)
 
     def clip_grad_by_value(self, optimizer: torch.optim.Optimizer, clip_val: float | int) -> None:
         raise ValueError(
             "trainer.gradient_clip_algorithm=value is not supported under MegatronStrategy: gradients are clipped "
             "by their global norm inside Megatron's optimizer. Use gradient_clip_algorithm=norm."
         )
-
-    def optimizer_step(
-        self, optimizer: Any, model: pl.LightningModule, closure: Callable[[], Any], **kwargs: Any
-    ) -> Any:
-        closure_result = closure()
-        self._after_closure(model, optimizer)  # on_before_optimizer_step hooks, clipping value
-        optimizer.step(**kwargs)
-        return closure_result
