@@ -8,15 +8,17 @@ metrics see the *data-parallel* rank and size. The process group is NCCL on GPUs
 import logging
 import os
 from typing import Any
+from unittest import mock
 
 import torch
 from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.trainer.states import TrainerFn
+from torch.distributed.utils import _sync_module_states
 
 from speechtrain.lightning import checkpoint as sharded
 from speechtrain.lightning import parallel_state
 from speechtrain.lightning.fault_tolerance import NonFiniteGuard
-from speechtrain.lightning.megatron_compat import import_megatron, model_parallel_manual_seed, use_device
+from speechtrain.lightning.megatron_compat import model_parallel_manual_seed, use_device
 from speechtrain.lightning.megatron_parallel import MegatronParallel
 from speechtrain.lightning.optimizer import MegatronOptimizer
 from speechtrain.lightning.precision import MegatronMixedPrecision
@@ -26,17 +28,6 @@ logger = logging.getLogger(__name__)
 
 def _gradients_zeroed_by_the_schedule(*args: Any, **kwargs: Any) -> None:
     """Stands in for ``LightningModule.optimizer_zero_grad`` under MegatronStrategy (see ``configure_ddp``)."""
-
-
-def _broadcast_in_data_parallel_group(module: torch.nn.Module) -> None:
-    """Every parameter and buffer of ``module`` from the first rank of this rank's data-parallel group."""
-    group = parallel_state.data_parallel_group()
-    if parallel_state.data_parallel_world_size() == 1:
-        return
-    states = [t.detach() for t in (*module.parameters(), *module.buffers())]
-    if states:
-        source = torch.distributed.get_global_rank(group, 0)
-        torch.distributed._broadcast_coalesced(group, states, 250 * 1024 * 1024, source)
 
 
 class MegatronStrategy(DDPStrategy):
@@ -81,20 +72,9 @@ class MegatronStrategy(DDPStrategy):
         max_consecutive_nonfinite_steps: int = 10,
         **kwargs: Any,
     ) -> None:
-        self.init_args = {
-            "tensor_model_parallel_size": tensor_model_parallel_size,
-            "pipeline_model_parallel_size": pipeline_model_parallel_size,
-            "virtual_pipeline_model_parallel_size": virtual_pipeline_model_parallel_size,
-            "context_parallel_size": context_parallel_size,
-            "sequence_parallel": sequence_parallel,
-            "micro_batch_size": micro_batch_size,
-            "use_distributed_optimizer": use_distributed_optimizer,
-            "overlap_grad_reduce": overlap_grad_reduce,
-            "grad_reduce_in_fp32": grad_reduce_in_fp32,
-            "seed": seed,
-            "max_consecutive_nonfinite_steps": max_consecutive_nonfinite_steps,
-            **{k: v for k, v in kwargs.items() if isinstance(v, bool | int | float | str) or v is None},
-        }
+        # The arguments as passed (the trainer's config stores them), DDPStrategy's only where they are plain data.
+        self.init_args = {k: v for k, v in locals().items() if k not in ("self", "kwargs", "__class__")}
+        self.init_args |= {k: v for k, v in kwargs.items() if isinstance(v, bool | int | float | str) or v is None}
         for name, value in (
             ("virtual_pipeline_model_parallel_size", virtual_pipeline_model_parallel_size is not None),
             ("context_parallel_size", context_parallel_size != 1),
@@ -147,21 +127,15 @@ class MegatronStrategy(DDPStrategy):
         self.precision_plugin.device_type = self.root_device.type
         self._check_layout()
         super().setup_environment()  # process group (gloo on CPU, NCCL on GPU)
-        use_device(self.root_device)  # the CPU adaptations of Megatron, for a CPU run only
-        import_megatron()
+        use_device(self.root_device)  # imports Megatron; its CPU adaptations for a CPU run only
         from megatron.core import parallel_state as mpu
 
         layout = (self.tensor_model_parallel_size, self.pipeline_model_parallel_size)
-        if mpu.model_parallel_is_initialized() and layout != (
-            mpu.get_tensor_model_parallel_world_size(),
-            mpu.get_pipeline_model_parallel_world_size(),
-        ):
+        current = (parallel_state.tensor_parallel_world_size(), parallel_state.pipeline_parallel_world_size())
+        if parallel_state.is_initialized() and layout != current:
             mpu.destroy_model_parallel()
-        if not mpu.model_parallel_is_initialized():
-            mpu.initialize_model_parallel(
-                tensor_model_parallel_size=self.tensor_model_parallel_size,
-                pipeline_model_parallel_size=self.pipeline_model_parallel_size,
-            )
+        if not parallel_state.is_initialized():
+            mpu.initialize_model_parallel(*layout)
         seed = self.seed if self.seed is not None else int(os.environ.get("PL_GLOBAL_SEED", 1234))
         model_parallel_manual_seed(seed)
         logger.info(
@@ -179,23 +153,18 @@ class MegatronStrategy(DDPStrategy):
         ``validate``/``test``/``predict`` (there is no DDP wrapper to do it then). Under tensor or pipeline
         parallelism that overwrites each model-parallel peer's shard with rank 0's (same shapes, other weights): a
         closing ``trainer.validate`` after ``fit`` evaluated a different model. Here the states are broadcast only
-        inside the data-parallel group, from its first rank: replicas agree, model-parallel shards stay their own."""
+        inside the data-parallel group, from its first rank: replicas agree, model-parallel shards stay their own
+        (without model parallelism that group is the world, and its first rank global rank 0, as in Lightning)."""
+        if trainer.state.fn == TrainerFn.FITTING:  # Lightning broadcasts nothing then (see configure_ddp)
+            return super().setup(trainer)
         module = self.model
-        model_parallel = parallel_state.tensor_parallel_world_size() * parallel_state.pipeline_parallel_world_size()
-        if trainer.state.fn == TrainerFn.FITTING or module is None or model_parallel == 1:
-            super().setup(trainer)
-            return
         names = [name for name, _ in module.named_parameters()] + [name for name, _ in module.named_buffers()]
-        previous = module.__dict__.get("_ddp_params_and_buffers_to_ignore")
-        module._ddp_params_and_buffers_to_ignore = names  # Lightning's world-wide broadcast then has nothing to send
-        try:
+        # Lightning's world-wide broadcast then has nothing to send.
+        with mock.patch.object(module, "_ddp_params_and_buffers_to_ignore", names, create=True):
             super().setup(trainer)
-        finally:
-            if previous is None:
-                del module._ddp_params_and_buffers_to_ignore
-            else:
-                module._ddp_params_and_buffers_to_ignore = previous
-        _broadcast_in_data_parallel_group(module)
+        group = parallel_state.data_parallel_group()
+        source = torch.distributed.get_global_rank(group, 0)
+        _sync_module_states(module, group, 250 * 1024 * 1024, source, params_and_buffers_to_ignore=())
 
     @property
     def distributed_sampler_kwargs(self) -> dict[str, Any]:
@@ -211,12 +180,6 @@ class MegatronStrategy(DDPStrategy):
         """
         module = self.lightning_module
         self.precision_plugin.check_model(module)
-        trainer = module._trainer
-        if trainer is not None and trainer.gradient_clip_algorithm == "value" and trainer.gradient_clip_val:
-            raise ValueError(
-                "trainer.gradient_clip_algorithm=value is not supported under MegatronStrategy: gradients are "
-                "clipped by their global norm inside Megatron's optimizer. Use gradient_clip_algorithm=norm."
-            )
         module.optimizer_zero_grad = _gradients_zeroed_by_the_schedule
         self._release_megatron_parallel()
         self.megatron_parallel = MegatronParallel(
@@ -307,10 +270,8 @@ class MegatronStrategy(DDPStrategy):
     def reduce_boolean_decision(self, decision: bool, all: bool = True) -> bool:
         """Lightning's decisions (save a checkpoint, stop early) are taken by every process of the world: the
         count is compared with the world size, so it is summed over the world, not the data-parallel group."""
-        if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
-            return decision
         flag = torch.tensor(int(decision), device=self.root_device)
-        torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.SUM)
+        parallel_state.all_reduce(flag, torch.distributed.group.WORLD)  # (a no-op without a distributed run)
         return bool(flag == self.world_size) if all else bool(flag)
 
     # ---------------------------------------------------------------------------------------------- checkpoints
