@@ -204,10 +204,8 @@ def _tolerate_foreign_decoders() -> None:
     original = schedules.set_current_microbatch
 
     def set_current_microbatch(model: Any, microbatch_id: int) -> None:
-        try:
+        with contextlib.suppress(AttributeError):
             original(model, microbatch_id)
-        except AttributeError:
-            pass
 
     schedules.set_current_microbatch = set_current_microbatch
 
@@ -252,10 +250,8 @@ class CpuRNGStatesTracker:
         self.states: dict[str, torch.Tensor] = {}
 
     def add(self, name: str, seed: int) -> None:
-        original = torch.get_rng_state()
-        torch.manual_seed(seed)
-        self.states[name] = torch.get_rng_state()
-        torch.set_rng_state(original)
+        """The stream ``torch.manual_seed(seed)`` starts (the default stream does not move)."""
+        self.states[name] = torch.Generator().manual_seed(seed).get_state()
 
     def get_states(self) -> dict[str, torch.Tensor]:
         return {name: state.clone() for name, state in self.states.items()}

@@ -150,7 +150,8 @@ class MegatronParallel:
         self.ddp = DistributedDataParallel(self.config, ddp_config, module)
         self.config.no_sync_func = self._no_sync
         self._accumulating = False  # this batch is not the last of an accumulation window
-        self._window_tokens = torch.zeros((), dtype=torch.int, device=self.device)  # the window's earlier batches'
+        # Tokens of the window's earlier batches (gradients accumulate until the window's last batch).
+        self._window_tokens = torch.zeros((), dtype=torch.int, device=self.device)
 
     # ------------------------------------------------------------------------------------------- the optimizer
     def build_optimizer(self, **settings: Any) -> Any:

@@ -25,20 +25,7 @@ from lightning.pytorch.plugins.precision import Precision
 _ALIASES = {"32": "32-true", 32: "32-true", "16": "16-mixed", 16: "16-mixed", "bf16": "bf16-mixed"}
 SUPPORTED = ("32-true", "bf16-mixed", "16-mixed", "bf16-true")
 FP8_FORMATS = ("hybrid", "e4m3")
-
-
-def _fp8_error(fp8: str, reason: str | None = None) -> Exception | None:
-    """The error for fp8 with ``reason``; without one, why fp8 cannot be used here (None when it can)."""
-    if fp8 not in FP8_FORMATS:
-        return ValueError(f"fp8={fp8!r}: choose one of {', '.join(FP8_FORMATS)}.")
-    if reason:
-        return RuntimeError(f"fp8={fp8!r} {reason}")
-    if importlib.util.find_spec("transformer_engine") is None:
-        return ImportError(
-            f"fp8={fp8!r} needs transformer-engine, which is not installed. On a CUDA machine: "
-            "pip install 'speechtrain[gpu]' (the 'gpu' extra); it cannot be installed without CUDA."
-        )
-    return None
+_AUTOCAST = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16, "bf16-true": torch.bfloat16}
 
 
 class MegatronMixedPrecision(Precision):
@@ -53,8 +40,13 @@ class MegatronMixedPrecision(Precision):
         precision = _ALIASES.get(precision, precision)
         if precision not in SUPPORTED:
             raise ValueError(f"Unsupported precision {precision!r}; choose one of {', '.join(SUPPORTED)}.")
-        if fp8 is not None and (error := _fp8_error(fp8)) is not None:
-            raise error
+        if fp8 is not None and fp8 not in FP8_FORMATS:
+            raise ValueError(f"fp8={fp8!r}: choose one of {', '.join(FP8_FORMATS)}.")
+        if fp8 is not None and importlib.util.find_spec("transformer_engine") is None:
+            raise ImportError(
+                f"fp8={fp8!r} needs transformer-engine, which is not installed. On a CUDA machine: "
+                "pip install 'speechtrain[gpu]' (the 'gpu' extra); it cannot be installed without CUDA."
+            )
         self.precision = precision
         self.fp8 = fp8
         self.init_args = {"precision": precision, "fp8": fp8}
@@ -62,22 +54,21 @@ class MegatronMixedPrecision(Precision):
 
     @property
     def autocast_dtype(self) -> torch.dtype | None:
-        return {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16, "bf16-true": torch.bfloat16}.get(
-            self.precision
-        )
+        return _AUTOCAST.get(self.precision)
 
     def check_model(self, module: torch.nn.Module) -> None:
         """Refuse, at start and with the reason, what this precision cannot do with ``module`` on this device."""
         if self.fp8 is None:
             return
         if self.device_type != "cuda":
-            raise _fp8_error(self.fp8, "needs a CUDA GPU; transformer-engine's fp8 kernels do not run on CPU.")
+            raise RuntimeError(
+                f"fp8={self.fp8!r} needs a CUDA GPU; transformer-engine's fp8 kernels do not run on CPU."
+            )
         if not any(type(m).__module__.startswith("transformer_engine") for m in module.modules()):
-            raise _fp8_error(
-                self.fp8,
-                f"applies only to transformer-engine layers, and {type(module).__name__} has none (speech encoders "
-                "and the TTS model are built from torch layers). Use bf16-mixed, or the SALM LLM with "
-                "model.llm.transformer_engine=true.",
+            raise RuntimeError(
+                f"fp8={self.fp8!r} applies only to transformer-engine layers, and {type(module).__name__} has none "
+                "(speech encoders and the TTS model are built from torch layers). Use bf16-mixed, or the SALM LLM "
+                "with model.llm.transformer_engine=true."
             )
 
     def convert_module(self, module: torch.nn.Module) -> torch.nn.Module:

@@ -140,8 +140,7 @@ class MegatronStrategy(DDPStrategy):
         model_parallel_manual_seed(seed)
         logger.info(
             "Megatron layout: TP %d x PP %d x DP %d (this rank: tp %d, pp %d, dp %d).",
-            self.tensor_model_parallel_size,
-            self.pipeline_model_parallel_size,
+            *layout,
             parallel_state.data_parallel_world_size(),
             parallel_state.tensor_parallel_rank(),
             parallel_state.pipeline_parallel_rank(),
