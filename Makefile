@@ -17,6 +17,10 @@ $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	@# Flite (CMU, Festvox voices) reads the built-in corpus's held-out engine set; it is a Debian package only.
+	command -v flite >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
+		{ apt-get install -y -qq flite >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq flite; }; }; } \
+		|| echo "note: install flite (apt-get install flite) for the built-in corpus's heldout_engine sets"
 	touch $(STAMP)
 
 demo: install

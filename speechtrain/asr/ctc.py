@@ -201,6 +201,15 @@ def fit_and_report(trainer: Any, model: "CTCModel", log_dir: Any, start: float) 
         seconds = time.perf_counter() - start
         line = f"Final: {shown} (transcripts {normalised}) | {seconds:.0f} s wall | run folder {log_dir}"
         print_final(line)
+        if results:
+            from speechtrain.asr.report import decoding_report
+
+            sets = [(name, Path(resolve_manifest(cfg.manifest_filepath))) for name, cfg in model._validation_sets()
+                    if isinstance(cfg.manifest_filepath, str)]  # fmt: skip
+            report = decoding_report(model, metrics, sets)
+            print(f"\nDecoding report (greedy = acoustic model alone; beam + LM beside it):\n{report}\n", flush=True)
+            if log_dir is not None:
+                (Path(log_dir) / "decoding_report.md").write_text(report + "\n", encoding="utf-8")
 
 
 def restore_for_finetuning(path: str | Path) -> SpeechModel:
@@ -551,15 +560,18 @@ class CTCModel(SpeechModel):
 
     # ------------------------------------------------------------------------------------------- inference
     @torch.inference_mode()
-    def transcribe(self, audio: list[str | Path | np.ndarray], batch_size: int = 16) -> list[str]:
-        """Transcribe audio files (read with soundfile; resampled to the model's rate) or 1-D float arrays."""
+    def transcribe(
+        self, audio: list[str | Path | np.ndarray], batch_size: int = 16, strategy: str | None = None
+    ) -> list[str]:
+        """Transcribe audio files (read with soundfile; resampled to the model's rate) or 1-D float arrays, with
+        ``strategy`` (default: the model's ``decoding.strategy``)."""
         self._built()
         was_training = self.training
         self.eval()
         texts: list[str] = []
         try:
             for padded, lens in self._audio_batches(audio, batch_size):
-                texts += self.decode(*self(padded, lens))
+                texts += self.decode(*self(padded, lens), strategy)
         finally:
             self.train(was_training)
         return texts

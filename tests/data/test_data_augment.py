@@ -83,7 +83,77 @@ def test_noise_is_looped_to_the_utterance_length_and_bad_configs_fail(tmp_path):
     assert out.shape == audio.shape and abs(float(added.pow(2).mean() / audio.pow(2).mean()) - 1.0) < 1e-4
     with pytest.raises(ValueError, match="prob must be within"):
         Augmenter(AugmentationConfig(gain=GainConfig(prob=1.5)), SR)
-    with pytest.raises(ValueError, match="exactly one of manifest_filepath or cuts_path"):
-        Augmenter(AugmentationConfig(noise=NoiseConfig()), SR)
+    with pytest.raises(ValueError, match="at most one of manifest_filepath or cuts_path"):
+        Augmenter(AugmentationConfig(noise=NoiseConfig(manifest_filepath="a.json", cuts_path="b.jsonl.gz")), SR)
     with pytest.raises(ValueError, match="factors must be positive"):
         Augmenter(AugmentationConfig(speed=SpeedConfig(factors=[0.0])), SR)
+
+
+def _peak_hz(audio):
+    spectrum = torch.fft.rfft(audio * torch.hann_window(audio.shape[0]))
+    return float(spectrum.abs().argmax()) * SR / audio.shape[0]
+
+
+def test_pitch_shift_scales_frequencies_and_keeps_the_length():
+    from speechtrain.data.augment import shift_pitch
+
+    audio = torch.sin(2 * torch.pi * 500 * torch.arange(SR) / SR)
+    shifted = shift_pitch(audio, 1.12, SR)
+    assert shifted.shape == audio.shape
+    # resampled to 14300 Hz (16000 / 1.12 rounded to 100 Hz): 500 Hz becomes 500 * 16000 / 14300 = 559 Hz
+    assert abs(_peak_hz(shifted) - 500 * SR / 14300) < 3.0
+    assert abs(_peak_hz(shift_pitch(audio, 0.9, SR)) - 500 * SR / 17800) < 3.0
+
+
+def test_coloured_noise_slopes_and_telephone_band():
+    from speechtrain.data.augment import coloured_noise, telephone
+
+    def low_to_high(x):
+        power = torch.fft.rfft(x).abs().pow(2)
+        return float(power[50:500].mean() / power[-5000:].mean())
+
+    white, pink, brown = (coloured_noise(SR, e, seed=1) for e in (0.0, 1.0, 2.0))
+    assert all(abs(float(n.std()) - 1.0) < 1e-4 for n in (white, pink, brown))
+    assert low_to_high(white) < 2 < low_to_high(pink) < low_to_high(brown)
+    phone = telephone(torch.randn(SR), SR)
+    power = torch.fft.rfft(phone).abs().pow(2)  # 1 Hz bins
+    assert phone.shape == (SR,) and float(power[4200:].sum() / power[300:3400].sum()) < 5e-3
+
+
+def test_room_impulse_response_decays_by_60_db_over_rt60():
+    from speechtrain.data.augment import room_impulse_response
+
+    rir = room_impulse_response(SR, rt60=0.4, drr_db=6.0, seed=0)
+    assert rir[0] == 1.0
+    energy = rir[1:].pow(2)
+    tail = float(energy.sum())
+    assert abs(10 * math.log10(1.0 / tail) - 6.0) < 1e-3  # direct-to-reverberant ratio
+    early, late = float(energy[: SR // 20].mean()), float(energy[int(0.35 * SR) : int(0.4 * SR)].mean())
+    assert 35 < 10 * math.log10(early / late) < 70  # ~52 dB down between 0-50 ms and 350-400 ms
+
+
+def test_every_augmentation_keeps_length_is_finite_and_reproducible():
+    from speechtrain.data.augment import BandLimitConfig, EqConfig, PitchConfig, ReverbConfig, TelephoneConfig
+
+    cfg = AugmentationConfig(pitch=PitchConfig(prob=1.0), reverb=ReverbConfig(prob=1.0), gain=GainConfig(prob=1.0),
+                             noise=NoiseConfig(prob=1.0), eq=EqConfig(prob=1.0), band_limit=BandLimitConfig(prob=1.0),
+                             telephone=TelephoneConfig(prob=1.0))  # fmt: skip
+    augment = Augmenter(cfg, SR, seed=4)
+    audio = 0.3 * _tone(2.0)
+    outputs = [augment(audio, 0, f"u{i}") for i in range(4)]
+    assert all(o.shape == audio.shape and torch.isfinite(o).all() for o in outputs)
+    assert torch.equal(Augmenter(cfg, SR, seed=4)(audio, 0, "u2"), outputs[2])
+    assert not torch.equal(outputs[0], outputs[1])
+    with pytest.raises(ValueError, match="reverb: min_rt60"):
+        Augmenter(AugmentationConfig(reverb=ReverbConfig(min_rt60=0.9, max_rt60=0.2)), SR)
+
+
+def test_speed_gain_noise_draws_are_unchanged_by_the_new_augmentations(tmp_path):
+    # A run resumed across this change augments its speed/gain/noise exactly as before: those draws come first.
+    old = AugmentationConfig(speed=SpeedConfig(prob=0.5), gain=GainConfig(prob=0.5))
+    from speechtrain.data.augment import EqConfig
+
+    new = AugmentationConfig(speed=SpeedConfig(prob=0.5), gain=GainConfig(prob=0.5), eq=EqConfig(prob=0.0))
+    audio = _tone(0.5)
+    for i in range(5):
+        assert torch.equal(Augmenter(old, SR, 1)(audio, 2, f"x{i}"), Augmenter(new, SR, 1)(audio, 2, f"x{i}"))

@@ -61,3 +61,67 @@ def test_finished_corpus_is_reused(corpus, monkeypatch):
     monkeypatch.setattr(module, "plan", lambda *a, **k: pytest.fail("a finished corpus must not be rebuilt"))
     assert build_corpus(root, hours=0.03, seed=3) == record
     assert json.loads((root / "corpus.json").read_text()) == record
+
+
+def test_speech_plan_mixes_engines_and_keeps_the_heldout_engine_out_of_training():
+    from speechtrain.data.speech_corpus import HELDOUT_SPLITS, plan_speech
+
+    planned = plan_speech(0.3, seed=2, engines={"espeak": 3, "piper": 1}, heldout="flite", heldout_utterances=12)
+    assert planned == plan_speech(0.3, seed=2, engines={"espeak": 3, "piper": 1}, heldout="flite",
+                                  heldout_utterances=12)  # fmt: skip
+    main = [u for u in planned if u.split not in HELDOUT_SPLITS]
+    share = sum(u.engine == "piper" for u in main) / len(main)
+    assert {u.engine for u in main} == {"espeak", "piper"} and 0.15 < share < 0.35
+    held = [u for u in planned if u.split in HELDOUT_SPLITS]
+    assert {u.engine for u in held} == {"flite"} and len(held) == 24
+    assert all(0.88 <= u.warp <= 1.15 for u in planned if u.engine != "espeak")
+    train_texts = {u.text for u in planned if u.split == "train"}
+    heldout_texts = {u.text for u in held}
+    assert not train_texts & heldout_texts, "held-out sentences must never be read in training"
+    with pytest.raises(ValueError, match="cannot also be a training engine"):
+        plan_speech(0.1, engines={"espeak": 1, "flite": 1}, heldout="flite")
+    with pytest.raises(ValueError, match="Unknown synthesiser"):
+        plan_speech(0.1, engines={"festival": 1}, heldout=None)
+
+
+def test_a_tiny_multi_engine_corpus_records_engine_voice_and_warp(tmp_path):
+    import shutil
+
+    from speechtrain.data.speech_corpus import build_speech_corpus
+
+    heldout = "flite" if shutil.which("flite") else None
+    record = build_speech_corpus(tmp_path, hours=0.02, seed=1, workers=2, engines={"espeak": 1, "piper": 1},
+                                 heldout=heldout, heldout_utterances=3)  # fmt: skip
+    train = read_nemo_manifest(tmp_path / "train" / "manifest.json")
+    engines = {r["engine"] for r in train}
+    assert engines == {"espeak", "piper"} and set(record["splits"]["train"]["engines"]) == engines
+    for r in train:
+        audio, rate = sf.read(r["audio_filepath"])
+        assert rate == SAMPLE_RATE and np.abs(audio).max() > 0.01 and abs(len(audio) / rate - r["duration"]) < 1e-3
+        if r["engine"] == "piper":
+            assert r["voice"] == "piper:joe" and 0.88 <= r["warp"] <= 1.15
+            # ~2.5 words per second whatever the warp: the duration is kept
+            assert 1.2 < len(r["text"].split()) / r["duration"] < 4.5
+    if heldout:
+        held = read_nemo_manifest(tmp_path / "heldout_engine" / "manifest.json")
+        assert len(held) == 3 and {r["engine"] for r in held} == {"flite"}
+        assert all(r["voice"].startswith("flite:") for r in held)
+
+
+def test_builtin_speech_names_resolve_to_the_multi_engine_corpus(monkeypatch, tmp_path):
+    import speechtrain.data.speech_corpus as speech_corpus
+    from speechtrain.data.synthetic import SPEECH_DEFAULT_HOURS, resolve_manifest
+
+    calls = []
+
+    def fake_build(hours, seed):
+        calls.append((hours, seed))
+        splits = ("train", "dev", "test", "heldout_engine", "heldout_engine_train")
+        return {"splits": {s: {"manifest": str(tmp_path / s / "manifest.json")} for s in splits}}
+
+    monkeypatch.setattr(speech_corpus, "build_speech_corpus", fake_build)
+    assert resolve_manifest("builtin:speech/heldout_engine") == tmp_path / "heldout_engine" / "manifest.json"
+    assert resolve_manifest("builtin:speech-2h-seed3/train") == tmp_path / "train" / "manifest.json"
+    assert calls == [(SPEECH_DEFAULT_HOURS, 0), (2.0, 3)]
+    with pytest.raises(ValueError, match="builtin:speech"):
+        resolve_manifest("builtin:speech/nope")

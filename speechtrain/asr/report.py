@@ -1,0 +1,110 @@
+"""The closing decoding report of a training run: greedy WER first, beam search + LM beside it, for every validation
+set; the LM's out-of-vocabulary rate and perplexity on each set's transcripts; and the greedy WER per synthesiser
+engine and voice where a manifest records them (``engine`` / ``voice`` keys, as the built-in corpora do).
+
+Greedy decoding is the headline: it is what the acoustic model alone hears. An in-domain LM fitted on the
+training transcripts hides mispronunciations and unseen acoustics, so its numbers stand beside, never instead.
+"""
+
+import json
+import math
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from speechtrain.common.metrics import error_rate, format_rate, word_errors
+
+
+def lm_statistics(lm: Any, texts: list[str]) -> tuple[float, float]:
+    """(out-of-vocabulary rate, perplexity) of an :class:`~speechtrain.asr.ngram.NgramLM` on ``texts``: the share of
+    running words the LM does not know, and 10^(-mean log10 p) over the known words and each sentence end (an
+    unknown word is skipped and resets the context, as SRILM's ``-ppl`` does)."""
+    known = {g[0] for g in lm.probs[0]}
+    words = oov = scored = 0
+    log10_sum = 0.0
+    for text in texts:
+        history = ["<s>"]
+        for word in [*text.split(), "</s>"]:
+            if word != "</s>":
+                words += 1
+            if word not in known:
+                oov += 1
+                history = []
+                continue
+            log10_sum += lm.log10_prob(word, history)
+            scored += 1
+            history.append(word)
+    return error_rate(oov, words), 10.0 ** (-log10_sum / scored) if scored else math.nan
+
+
+def _records(manifest: Path) -> list[dict]:
+    with open(manifest, encoding="utf-8") as f:
+        records = [json.loads(line) for line in f if line.strip()]
+    for r in records:
+        if not Path(r["audio_filepath"]).is_absolute():
+            r["audio_filepath"] = str(manifest.parent / r["audio_filepath"])
+    return records
+
+
+def greedy_by_group(model: Any, manifest: Path, batch_size: int = 16) -> dict[str, tuple[float, int]]:
+    """Greedy WER of ``model`` on a NeMo manifest per ``engine`` (and per ``voice`` of engines with at most eight
+    voices): {group: (WER, utterances)}; empty when the manifest records no engine."""
+    import torch
+
+    records = _records(manifest)
+    if not any("engine" in r for r in records):
+        return {}
+    hyps: list[str] = []
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.inference_mode():
+            for padded, lens in model._audio_batches([r["audio_filepath"] for r in records], batch_size):
+                hyps += model.greedy_decode(*model(padded, lens))
+    finally:
+        model.train(was_training)
+    norm = model.text_normalizer
+    voices_of: dict[str, set] = defaultdict(set)
+    for r in records:
+        voices_of[r.get("engine", "?")].add(r.get("voice", "?"))
+    groups: dict[str, list[tuple[str, str]]] = defaultdict(list)
+    for r, h in zip(records, hyps):
+        pair = (norm(h), norm(r["text"]))
+        engine = r.get("engine", "?")
+        groups[engine].append(pair)
+        if 1 < len(voices_of[engine]) <= 8:
+            groups[f"{engine} / {r.get('voice', '?')}"].append(pair)
+    return {g: (error_rate(*word_errors(*zip(*pairs))), len(pairs)) for g, pairs in sorted(groups.items())}
+
+
+def decoding_report(model: Any, metrics: dict[str, float], sets: list[tuple[str, Path]]) -> str:
+    """The report's text. ``metrics``: the closing validation's (``val_wer_<set>``, ``val_wer_greedy_<set>``, ...);
+    ``sets``: (name, resolved manifest) of each validation set."""
+    from speechtrain.asr.ngram import NgramLM
+
+    lm_path = getattr(model.cfg.decoding, "lm_path", None)
+    lm = NgramLM.read_arpa(lm_path) if model.cfg.decoding.strategy == "beam" and lm_path else None
+    single = len(sets) == 1
+    lines = ["set | greedy WER | greedy CER | beam+LM WER | beam+LM CER | LM OOV | LM perplexity",
+             "--- | --- | --- | --- | --- | --- | ---"]  # fmt: skip
+    breakdown = []
+    for name, manifest in sets:
+        suffix = "" if single else f"_{name}"
+        beam = model.cfg.decoding.strategy == "beam"
+        greedy_wer = metrics.get(f"val_wer_greedy{suffix}" if beam else f"val_wer{suffix}", math.nan)
+        greedy_cer = metrics.get(f"val_cer_greedy{suffix}" if beam else f"val_cer{suffix}", math.nan)
+        beam_wer = metrics.get(f"val_wer{suffix}", math.nan) if beam else math.nan
+        beam_cer = metrics.get(f"val_cer{suffix}", math.nan) if beam else math.nan
+        oov, ppl = math.nan, math.nan
+        if lm is not None and manifest.is_file():
+            oov, ppl = lm_statistics(lm, [model.text_normalizer(r["text"]) for r in _records(manifest)])
+        cells = [format_rate(greedy_wer), format_rate(greedy_cer), format_rate(beam_wer), format_rate(beam_cer),
+                 format_rate(oov), "n/a" if math.isnan(ppl) else f"{ppl:.1f}"]  # fmt: skip
+        lines.append(" | ".join([name, *cells]))
+        if manifest.is_file():
+            for group, (wer, count) in greedy_by_group(model, manifest).items():
+                breakdown.append(f"{name} | {group} | {format_rate(wer)} | {count}")
+    text = "\n".join(lines)
+    if breakdown:
+        text += "\n\nset | engine / voice | greedy WER | utterances\n--- | --- | --- | ---\n" + "\n".join(breakdown)
+    return text
