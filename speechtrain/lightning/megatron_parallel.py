@@ -56,26 +56,27 @@ def split_micro_batches(batch: Any, micro_batch_size: int | None) -> list[Any]:
     return [_slice(batch, start, start + micro_batch_size) for start in range(0, size, micro_batch_size)]
 
 
+def _fields(batch: Any) -> bool:
+    """A list or tuple of fields (tensors or dicts, each split), not of per-utterance items (sliced itself)."""
+    return isinstance(batch, list | tuple) and bool(batch) and isinstance(batch[0], torch.Tensor | dict)
+
+
 def _batch_size(batch: Any) -> int:
-    if isinstance(batch, torch.Tensor):
-        return batch.shape[0]
     if isinstance(batch, dict):
         return _batch_size(next(iter(batch.values())))
-    if isinstance(batch, list | tuple):
-        return _batch_size(batch[0]) if batch and isinstance(batch[0], torch.Tensor | dict) else len(batch)
+    if _fields(batch):
+        return _batch_size(batch[0])
+    if isinstance(batch, torch.Tensor | list | tuple):
+        return len(batch)
     raise TypeError(f"Cannot split a batch of type {type(batch).__name__} into micro-batches.")
 
 
 def _slice(batch: Any, start: int, end: int) -> Any:
-    if isinstance(batch, torch.Tensor):
-        return batch[start:end]
     if isinstance(batch, dict):
         return {k: _slice(v, start, end) for k, v in batch.items()}
-    if isinstance(batch, tuple | list):
-        if batch and isinstance(batch[0], torch.Tensor | dict):
-            return type(batch)(_slice(v, start, end) for v in batch)
-        return batch[start:end]
-    return batch
+    if _fields(batch):
+        return type(batch)(_slice(v, start, end) for v in batch)
+    return batch[start:end] if isinstance(batch, torch.Tensor | list | tuple) else batch
 
 
 def is_empty_batch(batch: Any) -> bool:
@@ -188,16 +189,15 @@ class MegatronParallel:
             finalize_model_grads(model, num_tokens=tokens, **kwargs)
 
     # ------------------------------------------------------------------------------------------------ a step
-    @staticmethod
-    def _loss_func(module: torch.nn.Module, batch: Any, output: torch.Tensor) -> tuple:
-        loss_sum, num_tokens = module.loss_step(batch, output)
+    def _loss_func(self, batch: Any, output: torch.Tensor) -> tuple:
+        loss_sum, num_tokens = self.module.loss_step(batch, output)
         num_tokens = torch.as_tensor(num_tokens).to(device=loss_sum.device, dtype=torch.int).reshape(())
         # What the schedule hands back to ``run`` for this micro-batch: (loss_sum, num_tokens).
         return loss_sum, num_tokens, torch.stack([loss_sum.detach().double().reshape(()), num_tokens.double()])
 
     def _forward_step(self, data_iterator: Any, model: torch.nn.Module) -> tuple:
         batch = next(data_iterator)
-        return self.module.forward_step(batch), partial(self._loss_func, self.module, batch)
+        return self.module.forward_step(batch), partial(self._loss_func, batch)
 
     def run(self, batch: Any, forward_only: bool, last_in_window: bool = True) -> torch.Tensor:
         """Forward (and backward unless ``forward_only``) over the micro-batches of ``batch``.

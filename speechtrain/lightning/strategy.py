@@ -225,10 +225,9 @@ class MegatronStrategy(DDPStrategy):
                 optimizer.zero_grad(set_to_none=True)
             self.megatron_parallel.start_window()
             self.nonfinite_guard.before_step(module)
-            self._window_open = True
         with self.precision_plugin.train_step_context():
             loss = self.megatron_parallel.run(batch, forward_only=False, last_in_window=not accumulate)
-        self._window_open = accumulate
+        self._window_open = accumulate  # the next batch continues this optimizer step
         self.nonfinite_guard.observe(loss, batch)
         module.log("reduced_train_loss", loss, prog_bar=True, batch_size=1)
         return loss
@@ -239,13 +238,11 @@ class MegatronStrategy(DDPStrategy):
 
     def validation_step(self, *args: Any, **kwargs: Any) -> Any:
         if parallel_state.pipeline_parallel_world_size() == 1:
-            with self.precision_plugin.val_step_context():
-                return self.lightning_module.validation_step(*args, **kwargs)
-        batch = args[0] if args else kwargs["batch"]
+            return super().validation_step(*args, **kwargs)  # the module's own, in the precision's context
         if self.megatron_parallel is None:
             self.configure_ddp()
         with self.precision_plugin.val_step_context():
-            loss = self.megatron_parallel.run(batch, forward_only=True)
+            loss = self.megatron_parallel.run(args[0] if args else kwargs["batch"], forward_only=True)
         self.lightning_module.log("val_loss", loss, prog_bar=True, batch_size=1)
         return loss
 
@@ -262,8 +259,7 @@ class MegatronStrategy(DDPStrategy):
 
     def reduce(self, tensor: Any, group: Any = None, reduce_op: Any = "mean") -> Any:
         """Metrics are reduced over the data-parallel group (model-parallel peers hold the same values)."""
-        if group is None and parallel_state.is_initialized():
-            group = parallel_state.data_parallel_group()
+        group = parallel_state.data_parallel_group() if group is None else group  # (None: no Megatron state)
         return super().reduce(tensor, group=group, reduce_op=reduce_op)
 
     def reduce_boolean_decision(self, decision: bool, all: bool = True) -> bool:
