@@ -184,11 +184,8 @@ def import_megatron() -> types.ModuleType:
         for notice in ("tp_group is None", "MLP requires ffn_hidden_size", "custom_layers.transformer_engine",
                        "dynamic_context.py"):  # fmt: skip
             warnings.filterwarnings("ignore", message=f".*{notice}.*", category=DeprecationWarning)
+        # (The calls below import the rest: the schedules, DDP, the optimizers, the tensor-parallel layers.)
         import megatron.core  # noqa: F401
-        import megatron.core.distributed  # noqa: F401
-        import megatron.core.optimizer  # noqa: F401
-        import megatron.core.pipeline_parallel.schedules  # noqa: F401
-        import megatron.core.tensor_parallel  # noqa: F401
 
         _tolerate_foreign_decoders()
         _torch_optimizer_step_state()
@@ -290,9 +287,8 @@ def model_parallel_manual_seed(seed: int) -> None:
     tracker.add("model-parallel-rng", seed + 2718 + parallel_state.get_tensor_model_parallel_rank())
     _state["tracker"] = tracker
     # Megatron's own layers (attention dropout) fork ``get_cuda_rng_tracker()``: hand them the CPU tracker.
-    random = importlib.import_module("megatron.core.tensor_parallel.random")
-    random._CUDA_RNG_STATE_TRACKER = tracker
-    random._CUDA_RNG_STATE_TRACKER_INITIALIZED = True
+    tensor_parallel.random._CUDA_RNG_STATE_TRACKER = tracker
+    tensor_parallel.random._CUDA_RNG_STATE_TRACKER_INITIALIZED = True
 
 
 def _tracker() -> Any:

@@ -161,9 +161,9 @@ class MegatronStrategy(DDPStrategy):
         # Lightning's world-wide broadcast then has nothing to send.
         with mock.patch.object(module, "_ddp_params_and_buffers_to_ignore", names, create=True):
             super().setup(trainer)
+        # From the group's first rank (``src`` is a rank within the group, as in torch's DDP).
         group = parallel_state.data_parallel_group()
-        source = torch.distributed.get_global_rank(group, 0)
-        _sync_module_states(module, group, 250 * 1024 * 1024, source, params_and_buffers_to_ignore=())
+        _sync_module_states(module, group, 250 * 1024 * 1024, src=0, params_and_buffers_to_ignore=())
 
     @property
     def distributed_sampler_kwargs(self) -> dict[str, Any]:
