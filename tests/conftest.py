@@ -90,7 +90,6 @@ def example_overrides(tmp_path, manifest):
         "model.train_ds.batch_size=8",
         "model.train_ds.batch_duration=null",
         "model.train_ds.num_workers=0",
-        "~model.train_ds.augmentation",  # the demo's augmentation: off for tiny DTMF runs (speed, exact numbers)
         "model.optim.sched.warmup_steps=2",
         "exp_manager.checkpoint_callback_params.save_top_k=1",
     ]
