@@ -1,7 +1,7 @@
 """Does the demo archive help on a synthesiser it never heard? Fine-tuning it vs training the same model from scratch.
 
     python benchmarks/asr_finetune_vs_scratch.py --model speechtrain_experiments/asr_demo/<run>/asr_demo.stm \
-        [--minutes 6] [--devices 2]
+        [--minutes 6] [--devices 2] [--corpus builtin:speech]
 
 Both runs train for the same wall-clock budget on ``builtin:speech/heldout_engine_train`` (400 utterances of the
 held-out engine, Flite: sentences never in the demo's training) and validate greedily on
@@ -23,13 +23,13 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-DATA = ["model.train_ds.manifest_filepath=builtin:speech/heldout_engine_train",
-        "model.validation_ds.manifest_filepath=[builtin:speech/heldout_engine]"]  # fmt: skip
 
 
-def run(script: str, args: list[str], out: Path, name: str) -> tuple[list[tuple[int, float]], str]:
+def run(script: str, args: list[str], out: Path, name: str, corpus: str) -> tuple[list[tuple[int, float]], str]:
     """Run an example; returns ([(step, greedy val WER)], its closing output)."""
-    command = [sys.executable, str(ROOT / "examples" / script), *args, *DATA, f"name={name}",
+    data = [f"model.train_ds.manifest_filepath={corpus}/heldout_engine_train",
+            f"model.validation_ds.manifest_filepath=[{corpus}/heldout_engine]"]  # fmt: skip
+    command = [sys.executable, str(ROOT / "examples" / script), *args, *data, f"name={name}",
                f"exp_manager.exp_dir={out}"]  # fmt: skip
     env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE"}
     done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, check=False)
@@ -51,6 +51,7 @@ def main() -> None:
     parser.add_argument("--minutes", type=float, default=6.0)
     parser.add_argument("--devices", type=int, default=2)
     parser.add_argument("--every", type=int, default=2, help="validate every N epochs")
+    parser.add_argument("--corpus", default="builtin:speech", help="the corpus the archive was trained on")
     args = parser.parse_args()
     minutes = int(args.minutes)
     seconds = round((args.minutes - minutes) * 60)
@@ -59,9 +60,9 @@ def main() -> None:
               "model.train_ds.batch_duration=30"]  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp)
-        fine, fine_report = run("asr_finetune.py", [f"init_from.path={Path(args.model).resolve()}", *common], out,
-                                "finetune")  # fmt: skip
-        scratch, scratch_report = run("asr_train.py", common, out, "scratch")
+        archive = f"init_from.path={Path(args.model).resolve()}"
+        fine, fine_report = run("asr_finetune.py", [archive, *common], out, "finetune", args.corpus)
+        scratch, scratch_report = run("asr_train.py", common, out, "scratch", args.corpus)
     print(f"| step | fine-tuned from the demo archive: greedy WER on heldout_engine | from scratch ({args.minutes:g} "
           "min each) |")  # fmt: skip
     print("| --- | --- | --- |")

@@ -343,7 +343,7 @@ def _engine(name: str):
 def _render(job: tuple[Utterance, str]) -> tuple[str, int]:
     """Synthesise, resample to 16 kHz and write one utterance; returns (id, samples)."""
     import torch
-    import torchaudio.functional
+    import torchaudio.transforms
 
     utterance, path = job
     engine = _engine(utterance.engine)
@@ -357,7 +357,10 @@ def _render(job: tuple[Utterance, str]) -> tuple[str, int]:
     # A warp w plays the audio w times faster: resampled to (16 kHz / w, rounded to 100 Hz so that the resampling
     # kernel stays small) and labelled 16 kHz. The engine rendered it w times slower, so the duration is kept.
     target = SAMPLE_RATE if utterance.warp == 1.0 else round(SAMPLE_RATE / utterance.warp / 100) * 100
-    waveform = torchaudio.functional.resample(torch.from_numpy(audio), rate, target)
+    key = ("resample", rate, target)
+    if key not in _worker:  # a few dozen (rate, target) pairs: their kernels are computed once per process
+        _worker[key] = torchaudio.transforms.Resample(rate, target)
+    waveform = _worker[key](torch.from_numpy(audio))
     sf.write(path, waveform.clamp(-1.0, 1.0).numpy(), SAMPLE_RATE, format="WAV", subtype="PCM_16")
     return utterance.id, waveform.shape[0]
 

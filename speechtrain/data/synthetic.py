@@ -261,7 +261,7 @@ def prepare_dtmf_corpus(
 BUILTIN_PREFIX = f"builtin:{CORPUS_NAME}/"
 ESPEAK_DEFAULT_HOURS = 20.0  # the demo corpus: 13.6 h of training speech, ~100 s to build on 2 cores
 ESPEAK_TTS_DEFAULT_HOURS = 6.0  # the single-voice TTS corpus
-SPEECH_DEFAULT_HOURS = 12.0  # the multi-engine demo corpus
+SPEECH_DEFAULT_HOURS = 10.0  # the multi-engine demo corpus
 
 
 def resolve_manifest(manifest_filepath: str | os.PathLike) -> Path:
@@ -273,7 +273,7 @@ def resolve_manifest(manifest_filepath: str | os.PathLike) -> Path:
     - ``builtin:espeak-tts/<split>``: the same sentences read by one voice at one rate and pitch (6 h), for TTS;
       ``builtin:espeak-tts-<H>h[-seed<S>]/<split>`` for another size or seed;
     - ``builtin:speech/<train|dev|test|heldout_engine|heldout_engine_train>``: the multi-engine corpus (eSpeak NG
-      and Piper mixed 3:1, Flite held out; 12 h planned, seed 0); ``builtin:speech-<H>h[-seed<S>]/<split>`` for
+      and Piper mixed 3:1, Flite held out; 10 h planned, seed 0); ``builtin:speech-<H>h[-seed<S>]/<split>`` for
       another size or seed (see :mod:`speechtrain.data.speech_corpus`).
     """
     name = str(manifest_filepath)
