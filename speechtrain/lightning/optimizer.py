@@ -57,9 +57,11 @@ class MegatronOptimizer(torch.optim.Optimizer):
         clip_grad: float = 0.0,
         precision: str = "32-true",
     ) -> "MegatronOptimizer":
-        """The optimizer named ``name`` (``adamw``, ``adam`` or ``sgd``, checked by
-        :func:`speechtrain.core.optim.build_optimizer`) over ``engine``'s model chunk."""
+        """The optimizer named ``name`` (``adamw``, ``adam`` or ``sgd``) over ``engine``'s model chunk."""
         from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+
+        if name not in ("adamw", "adam", "sgd"):  # never a silent Adam for a name we do not know
+            raise ValueError(f"optim.name must be adamw, adam or sgd, got {name!r}.")
 
         config = OptimizerConfig(
             optimizer="sgd" if name == "sgd" else "adam",
