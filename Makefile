@@ -26,7 +26,7 @@ $(STAMP): pyproject.toml
 demo: install
 	OMP_WAIT_POLICY=PASSIVE $(BIN)/python examples/asr_train.py trainer.devices=2 model.train_ds.batch_duration=30
 
-# The TDT transducer demo: the CTC demo's data, tokenizer, encoder and 23-minute budget, with a TDT decoder.
+# The TDT transducer demo: the CTC demo's data, tokenizer, encoder and 17-minute budget, with a TDT decoder.
 demo-tdt: install
 	OMP_WAIT_POLICY=PASSIVE $(BIN)/python examples/asr_train.py --config-name asr_train_tdt trainer.devices=2 \
 		model.train_ds.batch_duration=30
