@@ -255,7 +255,7 @@ def test_the_example_picks_the_transducer_for_its_configs_and_trains(tmp_path, d
         assert asr_config_class([f"--config-name={name}"], conf) is ConformerTransducerConfig
     schema = train_job_schema(ConformerTransducerConfig)
     demo = compose_config(conf, "asr_train_tdt", [], schema)  # make demo-tdt: the CTC demo's setup with TDT
-    assert (demo.model.size, demo.trainer.max_time, demo.model.loss) == ("demo", "00:00:23:00", "tdt")
+    assert (demo.model.size, demo.trainer.max_time, demo.model.loss) == ("demo", "00:00:17:00", "tdt")
     assert compose_config(conf, "asr_train_rnnt", [], schema).model.loss == "rnnt"
     tokenizer = tmp_path / "digits.json"
     CharTokenizer(DIGITS).save(tokenizer)
