@@ -45,14 +45,14 @@ def run(script: str, args: list[str], out: Path, name: str, corpus: str) -> tupl
     return curve[:-1], re.sub(r"\n{3,}", "\n\n", tail)  # the last row is the closing (beam + LM) validation
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", required=True, help="the demo archive (.stm)")
     parser.add_argument("--minutes", type=float, default=6.0)
     parser.add_argument("--devices", type=int, default=2)
     parser.add_argument("--every", type=int, default=2, help="validate every N epochs")
     parser.add_argument("--corpus", default="builtin:speech", help="the corpus the archive was trained on")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     minutes = int(args.minutes)
     seconds = round((args.minutes - minutes) * 60)
     common = [f"trainer.devices={args.devices}", f"trainer.max_time=00:00:{minutes:02d}:{seconds:02d}",
