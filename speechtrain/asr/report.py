@@ -6,7 +6,6 @@ Greedy decoding is the headline: it is what the acoustic model alone hears. An i
 training transcripts hides mispronunciations and unseen acoustics, so its numbers stand beside, never instead.
 """
 
-import json
 import math
 from collections import defaultdict
 from pathlib import Path
@@ -37,21 +36,11 @@ def lm_statistics(lm: Any, texts: list[str]) -> tuple[float, float]:
     return error_rate(oov, words), 10.0 ** (-log10_sum / scored) if scored else math.nan
 
 
-def _records(manifest: Path) -> list[dict]:
-    with open(manifest, encoding="utf-8") as f:
-        records = [json.loads(line) for line in f if line.strip()]
-    for r in records:
-        if not Path(r["audio_filepath"]).is_absolute():
-            r["audio_filepath"] = str(manifest.parent / r["audio_filepath"])
-    return records
-
-
-def greedy_by_group(model: Any, manifest: Path, batch_size: int = 16) -> dict[str, tuple[float, int]]:
-    """Greedy WER of ``model`` on a NeMo manifest per ``engine`` (and per ``voice`` of engines with at most eight
-    voices): {group: (WER, utterances)}; empty when the manifest records no engine."""
+def greedy_by_group(model: Any, records: list[dict], batch_size: int = 16) -> dict[str, tuple[float, int]]:
+    """Greedy WER of ``model`` on a NeMo manifest's records per ``engine`` (and per ``voice`` of engines with at most
+    eight voices): {group: (WER, utterances)}; empty when the manifest records no engine."""
     import torch
 
-    records = _records(manifest)
     if not any("engine" in r for r in records):
         return {}
     hyps: list[str] = []
@@ -81,6 +70,7 @@ def decoding_report(model: Any, metrics: dict[str, float], sets: list[tuple[str,
     """The report's text. ``metrics``: the closing validation's (``val_wer_<set>``, ``val_wer_greedy_<set>``, ...);
     ``sets``: (name, resolved manifest) of each validation set."""
     from speechtrain.asr.ngram import NgramLM
+    from speechtrain.data.manifest import read_nemo_manifest
 
     lm_path = getattr(model.cfg.decoding, "lm_path", None)
     lm = NgramLM.read_arpa(lm_path) if model.cfg.decoding.strategy == "beam" and lm_path else None
@@ -95,14 +85,15 @@ def decoding_report(model: Any, metrics: dict[str, float], sets: list[tuple[str,
         greedy_cer = metrics.get(f"val_cer_greedy{suffix}" if beam else f"val_cer{suffix}", math.nan)
         beam_wer = metrics.get(f"val_wer{suffix}", math.nan) if beam else math.nan
         beam_cer = metrics.get(f"val_cer{suffix}", math.nan) if beam else math.nan
+        records = read_nemo_manifest(manifest) if manifest.is_file() else []
         oov, ppl = math.nan, math.nan
-        if lm is not None and manifest.is_file():
-            oov, ppl = lm_statistics(lm, [model.text_normalizer(r["text"]) for r in _records(manifest)])
+        if lm is not None and records:
+            oov, ppl = lm_statistics(lm, [model.text_normalizer(r["text"]) for r in records])
         cells = [format_rate(greedy_wer), format_rate(greedy_cer), format_rate(beam_wer), format_rate(beam_cer),
                  format_rate(oov), "n/a" if math.isnan(ppl) else f"{ppl:.1f}"]  # fmt: skip
         lines.append(" | ".join([name, *cells]))
-        if manifest.is_file():
-            for group, (wer, count) in greedy_by_group(model, manifest).items():
+        if records:
+            for group, (wer, count) in greedy_by_group(model, records).items():
                 breakdown.append(f"{name} | {group} | {format_rate(wer)} | {count}")
     text = "\n".join(lines)
     if breakdown:

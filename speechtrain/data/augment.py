@@ -232,7 +232,7 @@ class Augmenter:
             if self._noise:
                 noise_audio = self._read_noise(self._noise[noise_pick], audio.shape[0], noise_start)
             else:
-                noise_audio = coloured_noise(audio.shape[0], exponent, sub_seed)
+                noise_audio = coloured_noise(audio.shape[0], exponent, sub_seed).to(audio)
             if noise_audio is not None:
                 audio = mix_at_snr(audio, noise_audio, snr_db)
         if eq_on:
@@ -325,7 +325,7 @@ def room_impulse_response(sample_rate: int, rt60: float, drr_db: float, seed: in
 
 def reverberate(audio: torch.Tensor, sample_rate: int, rt60: float, drr_db: float, seed: int) -> torch.Tensor:
     """``audio`` in a simulated room (:func:`room_impulse_response`), same length, same peak level."""
-    rir = room_impulse_response(sample_rate, rt60, drr_db, seed).to(audio.dtype)
+    rir = room_impulse_response(sample_rate, rt60, drr_db, seed).to(audio)
     n = 1 << (audio.shape[0] + rir.shape[0] - 1).bit_length()  # a power of two: the FFT's fast sizes
     wet = torch.fft.irfft(torch.fft.rfft(audio, n) * torch.fft.rfft(rir, n), n)[: audio.shape[0]]
     return wet * (audio.abs().max() / wet.abs().max().clamp(min=1e-8))

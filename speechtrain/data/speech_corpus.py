@@ -294,14 +294,14 @@ class _Piper:
         self.voice = PiperVoice(config=PiperConfig.from_dict(config), session=session)
         self.sample_rate = self.voice.config.sample_rate
 
-    def synthesize(self, u: Utterance) -> np.ndarray:
+    def synthesize(self, u: Utterance) -> tuple[np.ndarray, int]:
         from piper import SynthesisConfig
 
         syn = SynthesisConfig(length_scale=TTS_RATE_WPM / u.rate * u.warp, noise_scale=u.noise, noise_w_scale=u.noise)
         chunks = [c.audio_float_array for c in self.voice.synthesize(u.text, syn_config=syn)]
         if not chunks:
             raise RuntimeError(f"Piper could not read {u.text!r}.")
-        return np.concatenate(chunks)
+        return np.concatenate(chunks), self.sample_rate
 
 
 class _Flite:
@@ -312,7 +312,6 @@ class _Flite:
             raise RuntimeError(
                 "The flite engine needs the flite program: `apt-get install flite` (`make install` does it as root)."
             )
-        self.sample_rate = 0  # per voice: read from each file
 
     def synthesize(self, u: Utterance) -> tuple[np.ndarray, int]:
         with tempfile.NamedTemporaryFile(suffix=".wav") as out:
@@ -350,9 +349,7 @@ def _render(job: tuple[Utterance, str]) -> tuple[str, int]:
     if utterance.engine == "espeak":
         audio = engine.synthesize(utterance.text, utterance.voice, utterance.rate, utterance.pitch)
         audio, rate = audio.astype(np.float32) / 32768.0, engine.sample_rate
-    elif utterance.engine == "piper":
-        audio, rate = engine.synthesize(utterance), engine.sample_rate
-    else:
+    else:  # piper, flite
         audio, rate = engine.synthesize(utterance)
     # A warp w plays the audio w times faster: resampled to (16 kHz / w, rounded to 100 Hz so that the resampling
     # kernel stays small) and labelled 16 kHz. The engine rendered it w times slower, so the duration is kept.

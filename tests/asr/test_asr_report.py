@@ -41,9 +41,10 @@ def test_report_puts_greedy_first_and_breaks_down_by_engine(tmp_path):
             return ["hello world"] + ["x"] * (audio.shape[0] - 1)
 
     sf.write(tmp_path / "a.wav", np.zeros(160, dtype=np.float32), 16000)
-    rows = [{"audio_filepath": "a.wav", "text": "hello world", "engine": "piper", "voice": "piper:joe"},
-            {"audio_filepath": "a.wav", "text": "one two", "engine": "espeak", "voice": "en+m1"},
-            {"audio_filepath": "a.wav", "text": "three", "engine": "espeak", "voice": "en+f2"}]  # fmt: skip
+    rows = [{"text": "hello world", "engine": "piper", "voice": "piper:joe"},
+            {"text": "one two", "engine": "espeak", "voice": "en+m1"},
+            {"text": "three", "engine": "espeak", "voice": "en+f2"}]  # fmt: skip
+    rows = [{"audio_filepath": "a.wav", "duration": 0.01, **r} for r in rows]
     (tmp_path / "manifest.json").write_text("".join(json.dumps(r) + "\n" for r in rows))
     metrics = {"val_wer_greedy_test": 0.5, "val_cer_greedy_test": 0.25, "val_wer_test": 0.1, "val_cer_test": 0.05}
     report = decoding_report(Model(), metrics, [("test", tmp_path / "manifest.json"), ("dev", tmp_path / "no")])

@@ -125,3 +125,11 @@ def test_builtin_speech_names_resolve_to_the_multi_engine_corpus(monkeypatch, tm
     assert calls == [(SPEECH_DEFAULT_HOURS, 0), (2.0, 3)]
     with pytest.raises(ValueError, match="builtin:speech"):
         resolve_manifest("builtin:speech/nope")
+
+
+def test_a_missing_flite_program_is_named_with_its_install_command(monkeypatch):
+    import speechtrain.data.speech_corpus as speech_corpus
+
+    monkeypatch.setattr(speech_corpus.shutil, "which", lambda name: None)
+    with pytest.raises(RuntimeError, match="apt-get install flite"):
+        speech_corpus._Flite()
