@@ -7,9 +7,10 @@ from pathlib import Path
 from typing import Any
 
 
-def is_empty_batch(batch: dict[str, Any] | None) -> bool:
-    """True for a batch with no usable utterance (every one was skipped): None, or ``ids`` empty."""
-    return batch is None or not batch.get("ids")
+def is_empty_batch(batch: Any) -> bool:
+    """True for a batch with no usable utterance (every one was skipped): None, or a mapping whose ``ids`` are
+    empty (a batch without ``ids``, e.g. of token tensors, is never empty)."""
+    return batch is None or (isinstance(batch, Mapping) and "ids" in batch and not batch["ids"])
 
 
 class NoUsableDataError(ValueError):

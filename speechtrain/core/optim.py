@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 import torch
 
 from speechtrain.lightning.megatron_parallel import active_engine
+from speechtrain.lightning.optimizer import MegatronOptimizer
 
 
 @dataclass
@@ -82,7 +83,8 @@ def build_optimizer(params: list[torch.nn.Parameter], cfg: OptimConfig) -> torch
             )
         trainer = getattr(engine.module, "_trainer", None)
         precision = trainer.strategy.precision_plugin.precision if trainer is not None else "32-true"
-        return engine.build_optimizer(
+        return MegatronOptimizer.build(
+            engine,
             name=cfg.name,
             lr=cfg.lr,
             betas=tuple(cfg.betas),

@@ -7,17 +7,18 @@ Megatron Core assumes CUDA in a few places that a CPU run (tests, laptops, CI) r
   ``torch.cuda.synchronize()``;
 - the mixed-precision and distributed optimizers accept only parameters whose ``type()`` names a CUDA tensor,
   gradient clipping asserts CUDA gradients, and the loss scaler moves its state with ``.cuda()``;
+- without apex or transformer-engine, clipping scales the gradients one tensor at a time;
 - without apex or transformer-engine, the gradient norm falls back to a per-tensor loop with a host sync per
   tensor;
-- its model-parallel RNG tracker stores and swaps CUDA generator states;
+- its model-parallel RNG tracker stores and swaps the CUDA generator's states;
 - the GPT model's rotary embedding, attention buffers, default causal mask and inference KV cache allocate on
   ``torch.cuda.current_device()`` or ``"cuda"``.
 
 :func:`use_device` decides by the device the run trains on (the strategy's root device, so
 ``trainer.accelerator=cpu`` on a GPU node works too): for ``cpu`` the modules above see a ``torch`` in which
 ``cuda`` means the CPU, CPU tensors pass the type checks while an optimizer is built, the norm and clipping use
-fused ``torch._foreach`` kernels, and :func:`model_parallel_manual_seed` / :func:`model_parallel_rng` use a CPU
-tracker with Megatron's seeding rules. For ``cuda`` every original is restored: nothing is changed. Without a
+fused ``torch._foreach`` kernels, and Megatron's own RNG tracker swaps the CPU generator's states (its seeding
+rules and streams unchanged). For ``cuda`` every original is restored: nothing is changed. Without a
 strategy (scripts, tests) the default is the CPU when CUDA is absent. No other speechtrain module touches
 Megatron's internals.
 
@@ -27,9 +28,10 @@ CPU); those warnings are silenced here, since the fallbacks they announce are th
 
 import contextlib
 import importlib
+import sys
 import types
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 from unittest import mock
 
@@ -51,8 +53,9 @@ _PATCHED_MODULES = (
     "megatron.core.models.common.embeddings.rotary_pos_embedding",
     "megatron.core.transformer.utils",
     "megatron.core.transformer.attention",
+    "megatron.core.tensor_parallel.random",  # the RNG tracker (its torch: _CpuRandomTorch)
 )
-_state: dict[str, Any] = {"imported": False, "cpu": None, "tracker": None, "swaps": []}
+_state: dict[str, Any] = {"imported": False, "cpu": None, "swaps": []}
 
 
 def on_cpu() -> bool:
@@ -71,6 +74,14 @@ class _CpuCuda:
     @staticmethod
     def synchronize(device: Any = None) -> None:
         """CPU collectives are synchronous."""
+
+    @staticmethod
+    def get_rng_state(device: Any = None) -> torch.Tensor:
+        return torch.get_rng_state()
+
+    @staticmethod
+    def manual_seed(seed: int) -> None:
+        torch.manual_seed(seed)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(torch.cuda, name)
@@ -103,6 +114,18 @@ class _CpuTorch(types.ModuleType):
         return torch.autocast("cpu" if device_type == "cuda" else device_type, *args, **kwargs)
 
 
+class _CpuRandomTorch(_CpuTorch):
+    """``torch`` for Megatron's RNG tracker in a CPU run: its "CUDA" generator is the CPU one, so the tracker's
+    separate bookkeeping of the CPU generator (saved and restored around a recomputation, checked unchanged after
+    every fork) is void here: it sees a constant state."""
+
+    get_rng_state = staticmethod(lambda: _NO_STATE)
+    set_rng_state = staticmethod(lambda state: None)
+
+
+_NO_STATE = torch.zeros(1, dtype=torch.uint8)
+
+
 # ----------------------------------------------------------------------------------- CPU versions of kernels
 def _foreach_l2_norm(chunk_size: int, noop_flag: Any, tensor_lists: list, per_tensor: bool, *args: Any) -> tuple:
     """``amp_C.multi_tensor_l2norm`` with one fused ``_foreach_norm`` (Megatron's fallback syncs per tensor).
@@ -111,15 +134,9 @@ def _foreach_l2_norm(chunk_size: int, noop_flag: Any, tensor_lists: list, per_te
     return torch.linalg.vector_norm(torch.stack(norms)).reshape(1), None
 
 
-def _clip_grad_by_total_norm_fp32(
-    parameters: Any, max_norm: float, total_norm: float, use_decoupled_grad: bool = False
-) -> None:
-    """Megatron's clipping by a known total norm, without its CUDA type assertion, as one fused scale."""
-    attribute = "decoupled_grad" if use_decoupled_grad else "grad"
-    grads = [getattr(p, attribute).detach() for p in parameters if getattr(p, attribute, None) is not None]
-    coefficient = max_norm / (total_norm + 1.0e-6)
-    if coefficient < 1.0 and grads:
-        torch._foreach_mul_(grads, coefficient)
+def _foreach_scale(chunk_size: int, noop_flag: Any, tensor_lists: list, scale: float) -> None:
+    """``amp_C.multi_tensor_scale`` (clipping: the gradients scaled in place) as one fused kernel."""
+    torch._foreach_copy_(tensor_lists[1], torch._foreach_mul(tensor_lists[0], scale))
 
 
 def _load_scaler_state(self: Any, state_dict: dict) -> None:
@@ -135,11 +152,15 @@ def _cpu_swaps() -> list[tuple[Any, str, Any, Any]]:
     ``step()``."""
     clip_grads = importlib.import_module("megatron.core.optimizer.clip_grads")
     grad_scaler = importlib.import_module("megatron.core.optimizer.grad_scaler")
+    random = importlib.import_module("megatron.core.tensor_parallel.random")
     cpu_torch = _CpuTorch()
     swaps = [
-        *((importlib.import_module(name), "torch", cpu_torch) for name in _PATCHED_MODULES),
+        *((importlib.import_module(name), "torch", cpu_torch) for name in _PATCHED_MODULES[:-1]),
+        (random, "torch", _CpuRandomTorch()),
+        (random, "_get_cuda_rng_state", lambda *args, **kwargs: torch.get_rng_state()),
+        (random, "_set_cuda_rng_state", lambda state, *args, **kwargs: torch.set_rng_state(state)),
         (clip_grads, "l2_norm_impl", _foreach_l2_norm),
-        (clip_grads, "clip_grad_by_total_norm_fp32", _clip_grad_by_total_norm_fp32),
+        (clip_grads, "multi_tensor_scale_impl", _foreach_scale),
         (grad_scaler.DynamicGradScaler, "load_state_dict", _load_scaler_state),
     ]
     return [(target, name, getattr(target, name), value) for target, name, value in swaps]
@@ -155,16 +176,18 @@ def use_device(device: torch.device | str) -> None:
         _state["cpu"] = cpu
 
 
-def building_optimizer() -> contextlib.AbstractContextManager:
-    """Around ``get_megatron_optimizer``: in a CPU run, CPU tensors answer ``type()`` with the CUDA names
-    (``torch.cuda.FloatTensor`` ...) that Megatron's optimizers check parameters against. Nothing on CUDA."""
+def cuda_tensor_types() -> contextlib.AbstractContextManager:
+    """Around ``get_megatron_optimizer`` and clipping: in a CPU run, CPU tensors answer ``type()`` with the CUDA
+    names (``torch.cuda.FloatTensor`` ...) that Megatron's optimizers and clipping check tensors against. Nothing
+    on CUDA."""
     if not on_cpu():
         return contextlib.nullcontext()
     original = torch.Tensor.type
 
     def type_(self: torch.Tensor, dtype: Any = None, non_blocking: bool = False, **kwargs: Any) -> Any:
-        if dtype is None and not kwargs and self.device.type == "cpu":
-            return original(self).replace("torch.", "torch.cuda.", 1)
+        if dtype is None and not kwargs and self.device.type == "cpu":  # (under a TorchFunctionMode, such as
+            name = original(self)  # ``with torch.device(...)``, the original dispatches back here: rename once)
+            return name if ".cuda." in name else name.replace("torch.", "torch.cuda.", 1)
         return original(self, dtype, non_blocking, **kwargs)
 
     return mock.patch.object(torch.Tensor, "type", type_)
@@ -176,14 +199,10 @@ def import_megatron() -> types.ModuleType:
         # Megatron's announcements of the CPU fallbacks (no transformer-engine / Apex, at import and on first use),
         # its layers' warning (at every construction) about a CUDA-only tuning variable, and its notices about its
         # own internals (not about how speechtrain calls it).
-        for notice in ("Transformer Engine and Apex are not installed", "Apex is not installed",
-                       "Falling back to local implementations", "Falling back to Torch optimizers",
-                       "CUDA_DEVICE_MAX_CONNECTIONS", "full scope is deprecated"):  # fmt: skip
-            warnings.filterwarnings("ignore", message=f".*{notice}.*")
-        warnings.filterwarnings("ignore", message=".*transformer_engine.*", category=UserWarning)
-        for notice in ("tp_group is None", "MLP requires ffn_hidden_size", "custom_layers.transformer_engine",
-                       "dynamic_context.py"):  # fmt: skip
-            warnings.filterwarnings("ignore", message=f".*{notice}.*", category=DeprecationWarning)
+        quiet = "Transformer Engine and Apex are not|Apex is not installed|Falling back to|CUDA_DEVICE_MAX_CONNECTIONS"
+        warnings.filterwarnings("ignore", message=f".*({quiet}|full scope is deprecated|transformer_engine).*")
+        quiet = "tp_group is None|MLP requires ffn_hidden_size|custom_layers.transformer_engine|dynamic_context.py"
+        warnings.filterwarnings("ignore", message=f".*({quiet}).*", category=DeprecationWarning)
         # (The calls below import the rest: the schedules, DDP, the optimizers, the tensor-parallel layers.)
         import megatron.core  # noqa: F401
 
@@ -236,68 +255,19 @@ def _torch_optimizer_step_state() -> None:
     optimizer_class.load_state_dict = load_state_dict
 
 
-class CpuRNGStatesTracker:
-    """Named RNG streams on the CPU generator, with the semantics of Megatron's CUDA tracker.
-
-    ``fork(name)`` swaps the CPU generator to the named stream for the duration of the block and saves the
-    advanced stream afterwards.
-    """
-
-    def __init__(self) -> None:
-        self.states: dict[str, torch.Tensor] = {}
-
-    def add(self, name: str, seed: int) -> None:
-        """The stream ``torch.manual_seed(seed)`` starts (the default stream does not move)."""
-        self.states[name] = torch.Generator().manual_seed(seed).get_state()
-
-    def get_states(self) -> dict[str, torch.Tensor]:
-        return {name: state.clone() for name, state in self.states.items()}
-
-    def set_states(self, states: dict[str, torch.Tensor]) -> None:
-        self.states = {name: state.clone() for name, state in states.items()}
-
-    @contextlib.contextmanager
-    def fork(self, name: str = "model-parallel-rng") -> Iterator[None]:
-        if name not in self.states:
-            raise KeyError(f"RNG stream {name!r} was never seeded; call model_parallel_manual_seed first.")
-        original = torch.get_rng_state()
-        torch.set_rng_state(self.states[name])
-        try:
-            yield
-        finally:
-            self.states[name] = torch.get_rng_state()
-            torch.set_rng_state(original)
-
-
 def model_parallel_manual_seed(seed: int) -> None:
-    """Seed the default and model-parallel RNG streams with Megatron's rules (``seed``; ``seed + 2718 + tp_rank``).
-
-    Call after the parallel state is initialised. On GPU this is Megatron's ``model_parallel_cuda_manual_seed``;
-    on CPU the same streams live on the CPU generator.
-    """
+    """Seed the default and model-parallel RNG streams with Megatron's rules (``seed``; ``seed + 2718 + tp_rank``):
+    Megatron's ``model_parallel_cuda_manual_seed``, on the CPU generator in a CPU run. Call after the parallel state
+    is initialised."""
     import_megatron()
-    from megatron.core import parallel_state, tensor_parallel
-
-    if not on_cpu():
-        tensor_parallel.model_parallel_cuda_manual_seed(seed)
-        return
-    tracker = CpuRNGStatesTracker()
-    torch.manual_seed(seed)
-    tracker.add("data-parallel-rng", seed)
-    tracker.add("model-parallel-rng", seed + 2718 + parallel_state.get_tensor_model_parallel_rank())
-    _state["tracker"] = tracker
-    # Megatron's own layers (attention dropout) fork ``get_cuda_rng_tracker()``: hand them the CPU tracker.
-    tensor_parallel.random._CUDA_RNG_STATE_TRACKER = tracker
-    tensor_parallel.random._CUDA_RNG_STATE_TRACKER_INITIALIZED = True
+    importlib.import_module("megatron.core.tensor_parallel").model_parallel_cuda_manual_seed(seed)
 
 
 def _tracker() -> Any:
-    """The model-parallel RNG tracker: Megatron's on CUDA; in a CPU run the CPU one (None before seeding)."""
-    if on_cpu():
-        return _state["tracker"]
-    from megatron.core.tensor_parallel import get_cuda_rng_tracker
-
-    return get_cuda_rng_tracker()
+    """Megatron's model-parallel RNG tracker once seeded, else None (never imports Megatron)."""
+    random = sys.modules.get("megatron.core.tensor_parallel.random")
+    tracker = getattr(random, "_CUDA_RNG_STATE_TRACKER", None)
+    return tracker if tracker is not None and tracker.is_initialized() else None
 
 
 def model_parallel_rng() -> contextlib.AbstractContextManager:
@@ -316,4 +286,4 @@ def set_rng_tracker_states(states: dict[str, torch.Tensor]) -> None:
     """Restore what :func:`rng_tracker_states` returned."""
     tracker = _tracker()
     if tracker is not None:
-        tracker.set_states(states)
+        tracker.set_states(dict(states))  # (Megatron keeps the dict it is given and updates it in place)

@@ -32,6 +32,7 @@ from typing import Any
 
 import torch
 
+from speechtrain.common.batch import is_empty_batch
 from speechtrain.lightning import parallel_state
 from speechtrain.lightning.megatron_compat import import_megatron
 
@@ -77,11 +78,6 @@ def _slice(batch: Any, start: int, end: int) -> Any:
     if _fields(batch):
         return type(batch)(_slice(v, start, end) for v in batch)
     return batch[start:end] if isinstance(batch, torch.Tensor | list | tuple) else batch
-
-
-def is_empty_batch(batch: Any) -> bool:
-    """A batch in which every utterance was skipped by the dataset (it still takes part in the collectives)."""
-    return batch is None or (isinstance(batch, dict) and "ids" in batch and not batch["ids"])
 
 
 class MegatronParallel:
@@ -153,13 +149,6 @@ class MegatronParallel:
         self._accumulating = False  # this batch is not the last of an accumulation window
         # Tokens of the window's earlier batches (gradients accumulate until the window's last batch).
         self._window_tokens = torch.zeros((), dtype=torch.int, device=self.device)
-
-    # ------------------------------------------------------------------------------------------- the optimizer
-    def build_optimizer(self, **settings: Any) -> Any:
-        """Megatron's optimizer over this engine's model chunk (see :class:`speechtrain.lightning.optimizer`)."""
-        from speechtrain.lightning.optimizer import MegatronOptimizer
-
-        return MegatronOptimizer.build(self, **settings)
 
     # -------------------------------------------------------------------------------------- gradient handling
     def start_window(self) -> None:

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from speechtrain.lightning.megatron_compat import building_optimizer
+from speechtrain.lightning.megatron_compat import cuda_tensor_types
 
 
 class MegatronOptimizer(torch.optim.Optimizer):
@@ -78,7 +78,7 @@ class MegatronOptimizer(torch.optim.Optimizer):
             use_distributed_optimizer=engine.use_distributed_optimizer,
             clip_grad=clip_grad,
         )  # fp16 loss scaling keeps Megatron's defaults, which are NeMo's: 2^32, min 1, window 1000, hysteresis 2
-        with building_optimizer():
+        with cuda_tensor_types():
             mcore = get_megatron_optimizer(config, [engine.ddp])
         if len(getattr(mcore, "chained_optimizers", ())) == 1:  # a chain of one (no expert parameters here)
             mcore = mcore.chained_optimizers[0]
@@ -94,12 +94,6 @@ class MegatronOptimizer(torch.optim.Optimizer):
     # ----------------------------------------------- what torch and Lightning see: the Megatron optimizer's groups
     param_groups = property(lambda self: self.mcore.param_groups)  # type: ignore[assignment]
     state = property(lambda self: self.mcore.state)  # type: ignore[assignment]
-
-    @property
-    def loss_scale(self) -> float | None:
-        """The fp16 loss scale (None without one)."""
-        scaler = getattr(self.mcore, "grad_scaler", None)
-        return float(scaler.scale) if scaler is not None else None
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         self.mcore.zero_grad(set_to_none=set_to_none)
@@ -119,7 +113,8 @@ class MegatronOptimizer(torch.optim.Optimizer):
             return result
         if self.clip_grad > 0:
             decoupled = self.mcore.config.use_precision_aware_optimizer_no_fp8_or_ds_fp8
-            clip_grads.clip_grad_by_total_norm_fp32(self.mcore.get_parameters(), self.clip_grad, norm, decoupled)
+            with cuda_tensor_types():
+                clip_grads.clip_grad_by_total_norm_fp32(self.mcore.get_parameters(), self.clip_grad, norm, decoupled)
         self.mcore.step_with_ready_grads()
         self.last_step_skipped = False
         return result
@@ -138,6 +133,3 @@ class MegatronOptimizer(torch.optim.Optimizer):
             return
         self.mcore.load_state_dict(state_dict["common"])
         self.mcore.load_parameter_state_from_dp_zero(state_dict["param_state"])
-
-    def __repr__(self) -> str:
-        return f"MegatronOptimizer({type(self.mcore).__name__} over {type(self.mcore.optimizer).__name__})"

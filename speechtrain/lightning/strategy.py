@@ -26,19 +26,12 @@ from speechtrain.lightning.precision import MegatronMixedPrecision
 logger = logging.getLogger(__name__)
 
 
-def _gradients_zeroed_by_the_schedule(*args: Any, **kwargs: Any) -> None:
-    """Stands in for ``LightningModule.optimizer_zero_grad`` under MegatronStrategy (see ``configure_ddp``)."""
-
-
 class MegatronStrategy(DDPStrategy):
     """Train speechtrain models with tensor, pipeline and data parallelism on Megatron Core's engine.
 
     Args:
         tensor_model_parallel_size: ranks that split each layer's weights.
         pipeline_model_parallel_size: ranks that split the stack of layers into stages.
-        virtual_pipeline_model_parallel_size: interleaved pipeline chunks (not supported yet).
-        context_parallel_size: ranks that split the sequence inside attention (not supported yet).
-        sequence_parallel: shard norms and dropout along the sequence under TP (not supported yet).
         micro_batch_size: split each data-parallel rank's batch into micro-batches of this size for the
             pipeline schedule (None: one micro-batch).
         use_distributed_optimizer: Megatron's ``DistributedOptimizer``: optimizer states and fp32 main
@@ -61,9 +54,6 @@ class MegatronStrategy(DDPStrategy):
         self,
         tensor_model_parallel_size: int = 1,
         pipeline_model_parallel_size: int = 1,
-        virtual_pipeline_model_parallel_size: int | None = None,
-        context_parallel_size: int = 1,
-        sequence_parallel: bool = False,
         micro_batch_size: int | None = None,
         use_distributed_optimizer: bool = False,
         overlap_grad_reduce: bool = False,
@@ -75,27 +65,21 @@ class MegatronStrategy(DDPStrategy):
         # The arguments as passed (the trainer's config stores them), DDPStrategy's only where they are plain data.
         self.init_args = {k: v for k, v in locals().items() if k not in ("self", "kwargs", "__class__")}
         self.init_args |= {k: v for k, v in kwargs.items() if isinstance(v, bool | int | float | str) or v is None}
-        for name, value in (
-            ("virtual_pipeline_model_parallel_size", virtual_pipeline_model_parallel_size is not None),
-            ("context_parallel_size", context_parallel_size != 1),
-            ("sequence_parallel", sequence_parallel),
-        ):
-            if value:
+        # Megatron settings the bridge does not support yet (interleaved pipeline chunks, context and sequence
+        # parallelism) are refused by name rather than passed on to Lightning.
+        for name, default in (("virtual_pipeline_model_parallel_size", None), ("context_parallel_size", 1),
+                              ("sequence_parallel", False)):  # fmt: skip
+            if kwargs.pop(name, default) != default:
                 raise NotImplementedError(f"MegatronStrategy: {name} is not supported yet; leave it at its default.")
-        for name, value in (
-            ("tensor_model_parallel_size", tensor_model_parallel_size),
-            ("pipeline_model_parallel_size", pipeline_model_parallel_size),
-        ):
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"MegatronStrategy: {name} must be a positive integer, got {value!r}.")
+        sizes = (tensor_model_parallel_size, pipeline_model_parallel_size)
+        if not all(isinstance(size, int) and size >= 1 for size in sizes):
+            raise ValueError(
+                f"MegatronStrategy: tensor/pipeline_model_parallel_size must be positive integers, got {sizes}."
+            )
         super().__init__(**kwargs)
-        self.tensor_model_parallel_size = tensor_model_parallel_size
-        self.pipeline_model_parallel_size = pipeline_model_parallel_size
-        self.micro_batch_size = micro_batch_size
-        self.use_distributed_optimizer = use_distributed_optimizer
-        self.overlap_grad_reduce = overlap_grad_reduce
-        self.grad_reduce_in_fp32 = grad_reduce_in_fp32
-        self.seed = seed
+        for name in ("tensor_model_parallel_size", "pipeline_model_parallel_size", "micro_batch_size", "seed",
+                     "use_distributed_optimizer", "overlap_grad_reduce", "grad_reduce_in_fp32"):  # fmt: skip
+            setattr(self, name, self.init_args[name])
         self.nonfinite_guard = NonFiniteGuard(max_consecutive_nonfinite_steps)
         self.megatron_parallel: MegatronParallel | None = None
         self._window_open = False  # an accumulation window has started and not yet stepped
@@ -103,24 +87,22 @@ class MegatronStrategy(DDPStrategy):
     # ------------------------------------------------------------------------------------------ process setup
     def _check_layout(self) -> None:
         world = self.num_nodes * self.num_processes
-        model_parallel = self.tensor_model_parallel_size * self.pipeline_model_parallel_size
+        tp, pp = self.tensor_model_parallel_size, self.pipeline_model_parallel_size
+        model_parallel = tp * pp
         if world % model_parallel:
             raise ValueError(
                 f"trainer.devices x trainer.num_nodes = {self.num_processes} x {self.num_nodes} = {world} processes "
-                f"cannot be split into model replicas of tensor_model_parallel_size "
-                f"({self.tensor_model_parallel_size}) x pipeline_model_parallel_size "
-                f"({self.pipeline_model_parallel_size}) = {model_parallel} processes. "
+                f"cannot be split into model replicas of tensor_model_parallel_size ({tp}) x "
+                f"pipeline_model_parallel_size ({pp}) = {model_parallel} processes. "
                 f"Use a multiple of {model_parallel} processes, or smaller parallel sizes."
             )
 
     def setup_environment(self) -> None:
         if self._layer_sync is not None:
             raise ValueError(
-                "trainer.sync_batchnorm=true is not supported under MegatronStrategy: Lightning would swap in torch's "
-                "SyncBatchNorm, which syncs over every process (not the data-parallel group) and cannot take the "
-                "padding mask of the Conformer's masked batch norm. The bridge averages the running statistics over "
-                "the data-parallel ranks before every validation, checkpoint and archive; set "
-                "trainer.sync_batchnorm=false."
+                "trainer.sync_batchnorm=true is not supported here (torch's SyncBatchNorm syncs over "
+                "every process and ignores the Conformer's padding mask); the bridge averages the running statistics "
+                "over the data-parallel ranks before each validation and checkpoint. Set trainer.sync_batchnorm=false."
             )
         if not isinstance(self.precision_plugin, MegatronMixedPrecision):
             self.precision_plugin = MegatronMixedPrecision(self.precision_plugin.precision)
@@ -179,7 +161,7 @@ class MegatronStrategy(DDPStrategy):
         """
         module = self.lightning_module
         self.precision_plugin.check_model(module)
-        module.optimizer_zero_grad = _gradients_zeroed_by_the_schedule
+        module.optimizer_zero_grad = lambda *args, **kwargs: None
         self._release_megatron_parallel()
         self.megatron_parallel = MegatronParallel(
             module,

@@ -90,7 +90,7 @@ def _free_port() -> int:
 
 
 @pytest.mark.multiprocess
-@pytest.mark.parametrize("subsampling", ["dw_striding", "striding"])
+@pytest.mark.parametrize("subsampling", ["dw_striding", pytest.param("striding", marks=pytest.mark.slow)])
 def test_tensor_parallel_encoder_equals_single_process(tmp_path, subsampling):
     env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "OMP_NUM_THREADS": "1"}
     single, parallel = tmp_path / "tp1.pt", tmp_path / "tp2.pt"

@@ -95,7 +95,7 @@ def test_layout_matches_single_process(layout, reference, tmp_path):
 
 
 @pytest.mark.multiprocess
-@pytest.mark.parametrize("nproc", [1, 2], ids=["dp1", "dp2"])
+@pytest.mark.parametrize("nproc", [pytest.param(1, marks=pytest.mark.slow), 2], ids=["dp1", "dp2"])
 def test_gradient_accumulation_over_two_batches_equals_one_batch_of_both(nproc, tmp_path):
     """accumulate_grad_batches=2 over half-size batches A, B (per data-parallel rank) makes the same optimizer
     update as one batch A+B: gradients summed over both, divided by the frames of both. SGD, so that the update
@@ -181,7 +181,7 @@ def test_two_nodes_on_localhost_match_single_process(reference, tmp_path):
 @pytest.mark.multiprocess
 @pytest.mark.parametrize(
     "nproc, extra",
-    [(2, []), (4, ["--distributed-optimizer"])],
+    [(2, []), pytest.param(4, ["--distributed-optimizer"], marks=pytest.mark.slow)],  # (104 s; its parity: default)
     ids=["tp2", "tp2xdp2-distributed-optimizer"],
 )
 def test_tp2_run_killed_and_resumed_equals_uninterrupted_run(tmp_path, nproc, extra):
@@ -235,6 +235,7 @@ def test_tp2_run_killed_and_resumed_equals_uninterrupted_run(tmp_path, nproc, ex
     assert "was saved with tensor_model_parallel_size=2" in other.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.multiprocess
 def test_archive_of_a_tp2xpp2_run_holds_full_weights_and_restores_in_one_process(tmp_path):
     archive = tmp_path / "toy.stm"
@@ -249,6 +250,7 @@ def test_archive_of_a_tp2xpp2_run_holds_full_weights_and_restores_in_one_process
         torch.testing.assert_close(state[name], tensor, rtol=0, atol=0, msg=name)
 
 
+@pytest.mark.slow  # (the default suite trains every precision mode in one process: test_lightning_precision)
 @pytest.mark.multiprocess
 def test_bf16_mixed_trains_on_cpu_close_to_fp32(reference, tmp_path):
     losses, weights = assemble(run_job(tmp_path / "bf16", 2, "--tp", "2", "--precision", "bf16-mixed"))
@@ -257,6 +259,7 @@ def test_bf16_mixed_trains_on_cpu_close_to_fp32(reference, tmp_path):
     assert all(t.dtype == torch.float32 for t in weights.values()), "bf16-mixed keeps fp32 master weights"
 
 
+@pytest.mark.slow  # (the default suite: test_asr_conformer's TP=2 encoders, whose layers use it)
 @pytest.mark.multiprocess
 def test_relative_position_attention_tp2_matches_single_process(tmp_path):
     reference = run_job(tmp_path / "plain", 0, "--relative-positions")

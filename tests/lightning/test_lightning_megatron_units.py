@@ -1,30 +1,57 @@
 """Single-process pieces of the Megatron bridge: RNG streams, layout checks and configuration."""
 
+import socket
+
 import pytest
 import torch
 
 from speechtrain.lightning import MegatronStrategy, Trainer, parallel_state
-from speechtrain.lightning.megatron_compat import CpuRNGStatesTracker
+from speechtrain.lightning.megatron_compat import (
+    import_megatron,
+    model_parallel_manual_seed,
+    model_parallel_rng,
+    rng_tracker_states,
+    set_rng_tracker_states,
+)
 
 
-def test_cpu_rng_tracker_streams_are_independent_and_resumable():
-    tracker = CpuRNGStatesTracker()
-    tracker.add("model-parallel-rng", 42)
+@pytest.fixture
+def megatron_single_process():
+    """Megatron's parallel state over a one-process gloo group (torn down afterwards)."""
+    from speechtrain.lightning import teardown
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    torch.distributed.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    import_megatron().parallel_state.initialize_model_parallel(1, 1)
+    yield
+    teardown(None)
+
+
+def test_megatron_rng_tracker_on_cpu_streams_are_independent_and_resumable(megatron_single_process):
+    """Megatron's own tracker runs a CPU run's model-parallel stream on the CPU generator, seeded by its rules."""
+    model_parallel_manual_seed(42)
+    with model_parallel_rng():
+        first = torch.rand(3)
     torch.manual_seed(0)
     before = torch.get_rng_state()
-    with tracker.fork():
-        first = torch.rand(3)
-    assert torch.equal(torch.get_rng_state(), before), "the default stream must not move"
-    saved = tracker.get_states()
-    with tracker.fork():
+    assert torch.equal(first, torch.rand(3, generator=torch.Generator().manual_seed(42 + 2718)))  # Megatron's rule
+    with model_parallel_rng():
         second = torch.rand(3)
-    assert not torch.equal(first, second)
-    tracker.set_states(saved)
-    with tracker.fork():
-        assert torch.equal(torch.rand(3), second)
-    with pytest.raises(KeyError, match="never seeded"):
-        with tracker.fork("other"):
-            pass
+    assert torch.equal(torch.get_rng_state(), before), "the default stream must not move"
+    saved = rng_tracker_states()
+    with model_parallel_rng():
+        third = torch.rand(3)
+    assert not torch.equal(second, third)
+    set_rng_tracker_states(saved)
+    with model_parallel_rng():
+        assert torch.equal(torch.rand(3), third)
+    with model_parallel_rng():  # (the restored dict was copied: Megatron's updates do not reach ``saved``)
+        assert not torch.equal(torch.rand(3), third)
+    set_rng_tracker_states(saved)
+    with model_parallel_rng():
+        assert torch.equal(torch.rand(3), third)
 
 
 def test_parallel_state_without_megatron():

@@ -185,6 +185,7 @@ def test_sigkill_mid_epoch_then_the_same_command_with_resume_ends_identical(tmp_
     record.survive(steps_lost=6 - saved_step)
 
 
+@pytest.mark.slow  # (55 s; the default suite kills and resumes a TP=2 run: test_lightning_megatron_parity)
 @pytest.mark.multiprocess
 def test_dp2_with_dither_specaugment_and_dropout_killed_mid_epoch_resumes_bit_identical(tmp_path, dtmf_manifest,
                                                                                           fault):  # fmt: skip
@@ -213,7 +214,7 @@ def test_dp2_with_dither_specaugment_and_dropout_killed_mid_epoch_resumes_bit_id
 
 
 @pytest.mark.multiprocess
-@pytest.mark.parametrize("rank", [1, 0])
+@pytest.mark.parametrize("rank", [pytest.param(1, marks=pytest.mark.slow), 0])
 def test_when_one_rank_raises_every_rank_exits_promptly_with_the_error_shown(tmp_path, dtmf_manifest, rank, fault):
     record = fault(f"exception on rank {rank} of 2 (DP)")
     marker = f"faultjob{uuid.uuid4().hex[:8]}"
@@ -327,7 +328,7 @@ def _losses(path):
 
 
 @pytest.mark.multiprocess
-@pytest.mark.parametrize("devices", [1, 2])
+@pytest.mark.parametrize("devices", [1, pytest.param(2, marks=pytest.mark.slow)])
 def test_the_same_seed_and_config_give_the_same_loss_curve(tmp_path, dtmf_manifest, devices):
     curves = []
     for attempt in range(2):
