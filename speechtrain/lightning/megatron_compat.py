@@ -65,23 +65,13 @@ def on_cpu() -> bool:
 
 
 class _CpuCuda:
-    """``torch.cuda`` as Megatron's modules see it in a CPU run."""
+    """``torch.cuda`` as Megatron's modules see it in a CPU run: the current device and the generator are the CPU's;
+    synchronising is a no-op (CPU collectives are synchronous)."""
 
-    @staticmethod
-    def current_device() -> torch.device:
-        return torch.device("cpu")
-
-    @staticmethod
-    def synchronize(device: Any = None) -> None:
-        """CPU collectives are synchronous."""
-
-    @staticmethod
-    def get_rng_state(device: Any = None) -> torch.Tensor:
-        return torch.get_rng_state()
-
-    @staticmethod
-    def manual_seed(seed: int) -> None:
-        torch.manual_seed(seed)
+    current_device = staticmethod(lambda: torch.device("cpu"))
+    synchronize = staticmethod(lambda device=None: None)
+    get_rng_state = staticmethod(lambda device=None: torch.get_rng_state())
+    manual_seed = staticmethod(torch.manual_seed)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(torch.cuda, name)
