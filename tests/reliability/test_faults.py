@@ -328,7 +328,8 @@ def _losses(path):
 
 
 @pytest.mark.multiprocess
-@pytest.mark.parametrize("devices", [1, pytest.param(2, marks=pytest.mark.slow)])
+@pytest.mark.slow  # (the default suite's resume tests compare a resumed run with an uninterrupted one)
+@pytest.mark.parametrize("devices", [1, 2])
 def test_the_same_seed_and_config_give_the_same_loss_curve(tmp_path, dtmf_manifest, devices):
     curves = []
     for attempt in range(2):
