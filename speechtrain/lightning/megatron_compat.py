@@ -53,8 +53,7 @@ _PATCHED_MODULES = (
     "megatron.core.models.common.embeddings.rotary_pos_embedding",
     "megatron.core.transformer.utils",
     "megatron.core.transformer.attention",
-    "megatron.core.tensor_parallel.random",  # the RNG tracker (its torch: _CpuRandomTorch)
-)
+)  # (and the RNG tracker's module, megatron.core.tensor_parallel.random: its own torch, see _cpu_swaps)
 _state: dict[str, Any] = {"imported": False, "cpu": None, "swaps": []}
 
 
@@ -104,6 +103,9 @@ class _CpuTorch(types.ModuleType):
         return torch.autocast("cpu" if device_type == "cuda" else device_type, *args, **kwargs)
 
 
+_NO_STATE = torch.zeros(1, dtype=torch.uint8, device="cpu")  # CPU runs only (the swap is undone on CUDA)
+
+
 class _CpuRandomTorch(_CpuTorch):
     """``torch`` for Megatron's RNG tracker in a CPU run: its "CUDA" generator is the CPU one, so the tracker's
     separate bookkeeping of the CPU generator (saved and restored around a recomputation, checked unchanged after
@@ -111,9 +113,6 @@ class _CpuRandomTorch(_CpuTorch):
 
     get_rng_state = staticmethod(lambda: _NO_STATE)
     set_rng_state = staticmethod(lambda state: None)
-
-
-_NO_STATE = torch.zeros(1, dtype=torch.uint8)
 
 
 # ----------------------------------------------------------------------------------- CPU versions of kernels
@@ -145,7 +144,7 @@ def _cpu_swaps() -> list[tuple[Any, str, Any, Any]]:
     random = importlib.import_module("megatron.core.tensor_parallel.random")
     cpu_torch = _CpuTorch()
     swaps = [
-        *((importlib.import_module(name), "torch", cpu_torch) for name in _PATCHED_MODULES[:-1]),
+        *((importlib.import_module(name), "torch", cpu_torch) for name in _PATCHED_MODULES),
         (random, "torch", _CpuRandomTorch()),
         (random, "_get_cuda_rng_state", lambda *args, **kwargs: torch.get_rng_state()),
         (random, "_set_cuda_rng_state", lambda state, *args, **kwargs: torch.set_rng_state(state)),
