@@ -43,6 +43,7 @@ def test_asr_demo_benchmark_runs_the_demo_script_tiny(tmp_path, dtmf_manifest, c
     [
         ("fault_tolerance", ["--repeats", "2"], "NonFiniteGuard check"),
         ("synthetic_corpus", ["--utterances", "6", "--workers", "1"], "| 6 | "),
+        ("bridge_size", ["--before", "HEAD"], "| **total** | **"),
     ],
 )
 def test_small_benchmarks_run_tiny(name, argv, expected, capsys):
