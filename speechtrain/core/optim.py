@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from speechtrain.lightning.megatron_parallel import active_engine
+from speechtrain.lightning.megatron_parallel import MegatronParallel
 from speechtrain.lightning.optimizer import MegatronOptimizer
 
 
@@ -72,7 +72,7 @@ def build_optimizer(params: list[torch.nn.Parameter], cfg: OptimConfig) -> torch
     """
     if cfg.name not in ("adamw", "adam", "sgd"):
         raise ValueError(f"Unknown optimizer model.optim.name={cfg.name!r}; choose adamw, adam or sgd.")
-    engine = active_engine()
+    engine = MegatronParallel.active
     if engine is not None:
         trainable = {id(p) for p in engine.module.parameters() if p.requires_grad}
         if trainable != {id(p) for p in params}:

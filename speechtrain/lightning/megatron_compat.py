@@ -57,12 +57,6 @@ _PATCHED_MODULES = (
 _state: dict[str, Any] = {"imported": False, "cpu": None, "swaps": []}
 
 
-def on_cpu() -> bool:
-    """Whether Megatron runs on the CPU in this process (chosen by :func:`use_device`; before that, whether CUDA
-    is absent). Never imports Megatron."""
-    return _state["cpu"] if _state["cpu"] is not None else not torch.cuda.is_available()
-
-
 class _CpuCuda:
     """``torch.cuda`` as Megatron's modules see it in a CPU run: the current device and the generator are the CPU's;
     synchronising is a no-op (CPU collectives are synchronous)."""
@@ -97,10 +91,6 @@ class _CpuTorch(types.ModuleType):
 
     def __getattr__(self, name: str) -> Any:
         return getattr(torch, name)
-
-    @staticmethod
-    def autocast(device_type: str, *args: Any, **kwargs: Any) -> torch.autocast:
-        return torch.autocast("cpu" if device_type == "cuda" else device_type, *args, **kwargs)
 
 
 _NO_STATE = torch.zeros(1, dtype=torch.uint8, device="cpu")  # CPU runs only (the swap is undone on CUDA)
@@ -168,8 +158,8 @@ def use_device(device: torch.device | str) -> None:
 def cuda_tensor_types() -> contextlib.AbstractContextManager:
     """Around ``get_megatron_optimizer`` and clipping: in a CPU run, CPU tensors answer ``type()`` with the CUDA
     names (``torch.cuda.FloatTensor`` ...) that Megatron's optimizers and clipping check tensors against. Nothing
-    on CUDA."""
-    if not on_cpu():
+    on CUDA (Megatron is imported, and its device chosen, before this is reached)."""
+    if not _state["cpu"]:
         return contextlib.nullcontext()
     original = torch.Tensor.type
 

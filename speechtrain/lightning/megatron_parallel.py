@@ -36,13 +36,6 @@ from speechtrain.common.batch import is_empty_batch
 from speechtrain.lightning import parallel_state
 from speechtrain.lightning.megatron_compat import import_megatron
 
-_active: dict[str, "MegatronParallel | None"] = {"engine": None}
-
-
-def active_engine() -> "MegatronParallel | None":
-    """The engine of the run in progress (set by ``MegatronStrategy`` while it trains), else None."""
-    return _active["engine"]
-
 
 def split_micro_batches(batch: Any, micro_batch_size: int | None) -> list[Any]:
     """Split a batch (tensor, or dict/list/tuple of tensors and lists) along dim 0 into micro-batches."""
@@ -93,6 +86,8 @@ class MegatronParallel:
         grad_reduce_in_fp32: accumulate and reduce gradients in fp32 whatever the parameter dtype.
     """
 
+    active: "MegatronParallel | None" = None  # the engine of the run in progress (set by ``MegatronStrategy``)
+
     def __init__(
         self,
         module: torch.nn.Module,
@@ -134,11 +129,10 @@ class MegatronParallel:
         )
         module.config = self.config
         module.model_type = ModelType.encoder_or_decoder
-        # finalize_model_grads looks for tied embeddings between pipeline stages; our models have none.
-        for name, value in (("pre_process", parallel_state.is_pipeline_first_stage()),
-                            ("share_embeddings_and_output_weights", False)):  # fmt: skip
-            if not hasattr(module, name):
-                setattr(module, name, value)
+        # finalize_model_grads looks for tied embeddings between pipeline stages (on the module that has
+        # ``pre_process``); our models have none.
+        module.pre_process = getattr(module, "pre_process", parallel_state.is_pipeline_first_stage())
+        module.share_embeddings_and_output_weights = False
         ddp_config = DistributedDataParallelConfig(
             grad_reduce_in_fp32=grad_reduce_in_fp32,
             overlap_grad_reduce=overlap_grad_reduce,
@@ -226,18 +220,16 @@ class MegatronParallel:
 
     @staticmethod
     def _reduce_loss(sums: torch.Tensor) -> torch.Tensor:
-        """(loss_sum, num_tokens) of this rank -> the loss per token of the global batch, on every rank."""
-        sums = parallel_state.all_reduce(sums, parallel_state.pipeline_parallel_group())
-        sums = parallel_state.all_reduce(sums, parallel_state.data_parallel_group())
+        """(loss_sum, num_tokens) of this rank -> the loss per token of the global batch, on every rank. One
+        all-reduce over the world: tensor-parallel peers hold the same sums and earlier pipeline stages zeros, so
+        both sums are TP x their data-parallel sums and their ratio is the data-parallel one."""
+        sums = parallel_state.all_reduce(sums, torch.distributed.group.WORLD)  # (a no-op without a distributed run)
         return (sums[0] / sums[1].clamp(min=1)).float()
-
-    def activate(self) -> None:
-        _active["engine"] = self
 
     def release(self) -> None:
         """Forget this engine. Megatron's DDP keeps no handles to its gradient hooks; emptying its parameter map
         turns them into no-ops, so that a later engine over the same parameters (a second ``fit``) is the only
         one that collects their gradients."""
         self.ddp.param_to_bucket_group = {}
-        if _active["engine"] is self:
-            _active["engine"] = None
+        if MegatronParallel.active is self:
+            MegatronParallel.active = None

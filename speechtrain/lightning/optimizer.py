@@ -31,16 +31,12 @@ class MegatronOptimizer(torch.optim.Optimizer):
     Args:
         optimizer: the ``MegatronOptimizer`` from ``get_megatron_optimizer``.
         clip_grad: clip the global gradient norm to this (0: no clipping; the norm is computed anyway).
-        distributed: the optimizer shards its states over the data-parallel ranks.
     """
 
-    def __init__(self, optimizer: Any, clip_grad: float = 0.0, distributed: bool = False) -> None:
+    def __init__(self, optimizer: Any, clip_grad: float = 0.0) -> None:
         self.mcore = optimizer
         self.clip_grad = clip_grad
-        self.distributed = distributed
         self.defaults: dict[str, Any] = {}
-        self.last_grad_norm: float | None = None
-        self.last_step_skipped = False
         # Decides from the gradient norm whether the step may update the weights (the strategy's non-finite guard).
         self.should_update: Callable[[float], bool] | None = None
 
@@ -57,11 +53,9 @@ class MegatronOptimizer(torch.optim.Optimizer):
         clip_grad: float = 0.0,
         precision: str = "32-true",
     ) -> "MegatronOptimizer":
-        """The optimizer named ``name`` (``adamw``, ``adam`` or ``sgd``) over ``engine``'s model chunk."""
+        """The optimizer named ``name`` (``adamw``, ``adam`` or ``sgd``: checked by
+        :func:`speechtrain.core.optim.build_optimizer`) over ``engine``'s model chunk."""
         from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
-
-        if name not in ("adamw", "adam", "sgd"):  # never a silent Adam for a name we do not know
-            raise ValueError(f"optim.name must be adamw, adam or sgd, got {name!r}.")
 
         config = OptimizerConfig(
             optimizer="sgd" if name == "sgd" else "adam",
@@ -89,14 +83,16 @@ class MegatronOptimizer(torch.optim.Optimizer):
             group["weight_decay"] = weight_decay * group.get("wd_mult", 1.0)
         if precision == "16-mixed":
             engine.config.grad_scale_func = mcore.scale_loss  # Megatron's schedules scale the loss before backward
-        return cls(mcore, clip_grad=clip_grad, distributed=engine.use_distributed_optimizer)
+        return cls(mcore, clip_grad=clip_grad)
 
     # ----------------------------------------------- what torch and Lightning see: the Megatron optimizer's groups
     param_groups = property(lambda self: self.mcore.param_groups)  # type: ignore[assignment]
     state = property(lambda self: self.mcore.state)  # type: ignore[assignment]
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        self.mcore.zero_grad(set_to_none=set_to_none)
+        """A no-op: Lightning calls it after ``training_step``, whose schedule has already run backward. The
+        strategy zeroes the gradients (``mcore.zero_grad`` and the DDP buffers) before an optimizer step's first
+        batch."""
 
     @torch.no_grad()
     def step(self, closure: Callable[[], Any] | None = None) -> Any:  # type: ignore[override]
@@ -106,9 +102,8 @@ class MegatronOptimizer(torch.optim.Optimizer):
 
         # Lightning's closure (the step's forward and backward, then its on_before_optimizer_step hooks and clipping).
         result = None if closure is None else torch.enable_grad()(closure)()
-        self.last_step_skipped = True
         overflow = self.mcore.prepare_grads()  # fp16: Megatron's scaler has already backed off
-        norm = self.last_grad_norm = math.inf if overflow else float(self.mcore.get_grad_norm())
+        norm = math.inf if overflow else float(self.mcore.get_grad_norm())
         if overflow or (self.should_update is not None and not self.should_update(norm)):
             return result
         if self.clip_grad > 0:
@@ -116,19 +111,18 @@ class MegatronOptimizer(torch.optim.Optimizer):
             with cuda_tensor_types():
                 clip_grads.clip_grad_by_total_norm_fp32(self.mcore.get_parameters(), self.clip_grad, norm, decoupled)
         self.mcore.step_with_ready_grads()
-        self.last_step_skipped = False
         return result
 
     def state_dict(self) -> dict[str, Any]:
         """The optimizer state; under the distributed optimizer the shards are gathered on data-parallel rank 0
         (a collective: every rank must call it) and the other ranks return only the common part."""
-        if not self.distributed:
+        if not self.mcore.config.use_distributed_optimizer:
             return self.mcore.state_dict()
         return {"common": self.mcore.state_dict(), "param_state": self.mcore.get_parameter_state_dp_zero()}
 
     @torch.no_grad()  # Megatron copies the shards into its (grad-requiring) main parameters in place
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        if not self.distributed:
+        if not self.mcore.config.use_distributed_optimizer:
             self.mcore.load_state_dict(state_dict)
             return
         self.mcore.load_state_dict(state_dict["common"])

@@ -48,13 +48,10 @@ class MegatronMixedPrecision(Precision):
                 "pip install 'speechtrain[gpu]' (the 'gpu' extra); it cannot be installed without CUDA."
             )
         self.precision = precision
+        self.autocast_dtype = _AUTOCAST.get(precision)
         self.fp8 = fp8
         self.init_args = {"precision": precision, "fp8": fp8}
         self.device_type = "cpu"  # set by the strategy to its root device's type
-
-    @property
-    def autocast_dtype(self) -> torch.dtype | None:
-        return _AUTOCAST.get(self.precision)
 
     def check_model(self, module: torch.nn.Module) -> None:
         """Refuse, at start and with the reason, what this precision cannot do with ``module`` on this device."""

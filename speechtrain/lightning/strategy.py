@@ -64,7 +64,6 @@ class MegatronStrategy(DDPStrategy):
     ) -> None:
         # The arguments as passed (the trainer's config stores them), DDPStrategy's only where they are plain data.
         self.init_args = {k: v for k, v in locals().items() if k not in ("self", "kwargs", "__class__")}
-        self.init_args |= {k: v for k, v in kwargs.items() if isinstance(v, bool | int | float | str) or v is None}
         # Megatron settings the bridge does not support yet (interleaved pipeline chunks, context and sequence
         # parallelism) are refused by name rather than passed on to Lightning.
         for name, default in (("virtual_pipeline_model_parallel_size", None), ("context_parallel_size", 1),
@@ -77,24 +76,22 @@ class MegatronStrategy(DDPStrategy):
                 f"MegatronStrategy: tensor/pipeline_model_parallel_size must be positive integers, got {sizes}."
             )
         super().__init__(**kwargs)
-        for name in ("tensor_model_parallel_size", "pipeline_model_parallel_size", "micro_batch_size", "seed",
-                     "use_distributed_optimizer", "overlap_grad_reduce", "grad_reduce_in_fp32"):  # fmt: skip
-            setattr(self, name, self.init_args[name])
+        vars(self).update(self.init_args)  # self.tensor_model_parallel_size, ... (no Strategy attribute is so named)
+        self.init_args |= {k: v for k, v in kwargs.items() if isinstance(v, bool | int | float | str) or v is None}
         self.nonfinite_guard = NonFiniteGuard(max_consecutive_nonfinite_steps)
         self.megatron_parallel: MegatronParallel | None = None
         self._window_open = False  # an accumulation window has started and not yet stepped
 
     # ------------------------------------------------------------------------------------------ process setup
     def _check_layout(self) -> None:
-        world = self.num_nodes * self.num_processes
         tp, pp = self.tensor_model_parallel_size, self.pipeline_model_parallel_size
-        model_parallel = tp * pp
-        if world % model_parallel:
+        world = self.num_nodes * self.num_processes
+        if world % (tp * pp):
             raise ValueError(
                 f"trainer.devices x trainer.num_nodes = {self.num_processes} x {self.num_nodes} = {world} processes "
                 f"cannot be split into model replicas of tensor_model_parallel_size ({tp}) x "
-                f"pipeline_model_parallel_size ({pp}) = {model_parallel} processes. "
-                f"Use a multiple of {model_parallel} processes, or smaller parallel sizes."
+                f"pipeline_model_parallel_size ({pp}) = {tp * pp} processes. "
+                f"Use a multiple of {tp * pp} processes, or smaller parallel sizes."
             )
 
     def setup_environment(self) -> None:
@@ -157,11 +154,10 @@ class MegatronStrategy(DDPStrategy):
 
         Lightning zeroes gradients *after* ``training_step`` (it expects backward to come later); here the
         schedule inside ``training_step`` already ran backward, so the step zeroes the gradient buffers itself at
-        the start of each optimizer step, and Lightning's ``optimizer_zero_grad`` is turned off for this module.
+        the start of each optimizer step (``MegatronOptimizer.zero_grad``, which Lightning calls, does nothing).
         """
         module = self.lightning_module
         self.precision_plugin.check_model(module)
-        module.optimizer_zero_grad = lambda *args, **kwargs: None
         self._release_megatron_parallel()
         self.megatron_parallel = MegatronParallel(
             module,
@@ -171,7 +167,7 @@ class MegatronStrategy(DDPStrategy):
             use_distributed_optimizer=self.use_distributed_optimizer,
             grad_reduce_in_fp32=self.grad_reduce_in_fp32,
         )
-        self.megatron_parallel.activate()
+        MegatronParallel.active = self.megatron_parallel
         self._window_open = False
 
     def setup_optimizers(self, trainer: Any) -> None:
@@ -204,7 +200,7 @@ class MegatronStrategy(DDPStrategy):
         accumulate = module.trainer.fit_loop._should_accumulate()
         if not self._window_open:
             for optimizer in self.optimizers:  # the step's .grad aliases of the buffers (Megatron's zero_grad)
-                optimizer.zero_grad(set_to_none=True)
+                optimizer.mcore.zero_grad(set_to_none=True)
             self.megatron_parallel.start_window()
             self.nonfinite_guard.before_step(module)
         with self.precision_plugin.train_step_context():
@@ -265,8 +261,6 @@ class MegatronStrategy(DDPStrategy):
     def teardown(self) -> None:
         """Keeps the parallel state (and process group) alive, so that the sharded model can still be saved or
         evaluated after ``fit``; :func:`speechtrain.lightning.teardown` releases them."""
-        if self.lightning_module is not None:
-            self.lightning_module.__dict__.pop("optimizer_zero_grad", None)
         self._release_megatron_parallel()
         super().teardown()
 

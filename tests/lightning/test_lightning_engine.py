@@ -61,7 +61,7 @@ def _engine(precision: str = "32-true"):
 
 
 def _step(engine, optimizer, batch):
-    optimizer.zero_grad()
+    optimizer.mcore.zero_grad()  # (the strategy's zeroing; the wrapper's zero_grad is Lightning's no-op)
     engine.start_window()
     engine.run(batch, forward_only=False)
 
@@ -74,13 +74,13 @@ def test_fp16_overflow_skips_the_step_and_megatrons_scaler_backs_off_after_its_h
         weights = [p.detach().clone() for p in model.parameters()]
         next(model.parameters()).main_grad[0] = float("inf")
         optimizer.step()
-        assert optimizer.last_step_skipped and all(torch.equal(w, p) for w, p in zip(weights, model.parameters()))
+        assert all(torch.equal(w, p) for w, p in zip(weights, model.parameters()))
         assert float(optimizer.mcore.grad_scaler.scale) == (
             2.0**32 if overflows == 1 else 2.0**31
         )  # hysteresis 2, then halved
     _step(engine, optimizer, batch)
     optimizer.step()
-    assert not optimizer.last_step_skipped and not torch.equal(weights[0], next(model.parameters()))
+    assert not torch.equal(weights[0], next(model.parameters()))
 
 
 def test_gradient_norm_and_clipping_match_torch_in_one_process():
@@ -93,9 +93,11 @@ def test_gradient_norm_and_clipping_match_torch_in_one_process():
     expected = torch.nn.utils.clip_grad_norm_(list(reference.parameters()), 0.1)
     _step(engine, optimizer, batch)
     optimizer.clip_grad = 0.1
+    norms = []
+    optimizer.should_update = lambda norm: norms.append(norm) or True
     weights = [p.detach().clone() for p in model.parameters()]
     optimizer.step()
-    assert optimizer.last_grad_norm == pytest.approx(float(expected), rel=1e-5)
+    assert norms == [pytest.approx(float(expected), rel=1e-5)]
     for before, after, ref in zip(weights, model.parameters(), reference.parameters()):  # SGD: w - lr * clipped g
         torch.testing.assert_close(after.detach(), before - 0.1 * ref.grad, rtol=1e-5, atol=1e-7)
 
@@ -107,7 +109,7 @@ def test_a_non_finite_gradient_norm_is_refused_by_the_guard_without_an_update():
     _step(engine, optimizer, batch)
     weights = [p.detach().clone() for p in model.parameters()]
     optimizer.step()
-    assert asked and optimizer.last_step_skipped
+    assert asked
     assert all(torch.equal(w, p) for w, p in zip(weights, model.parameters()))
 
 
