@@ -1,6 +1,8 @@
 """Training-step time of speechtrain's Conformer / FastConformer next to NeMo's, on one fixed batch.
 
     python benchmarks/vs_nemo.py [--nemo-python /work/nemo-venv/bin/python] [--rounds 5] [--steps 10]
+    python benchmarks/vs_nemo.py --nemo-python ... --same-allocator  # NeMo keeps freed memory too
+    python benchmarks/vs_nemo.py --baseline /tmp/old   # before/after: this checkout vs another (git worktree)
 
 One step = features -> SpecAugment -> encoder -> CTC head -> CTC loss (``mean_volume``) -> backward -> AdamW, in
 train mode (dropout 0.1 everywhere NeMo has it), fp32, 2 threads, on a fixed batch of 8 x 8 s of noise with 50
@@ -10,6 +12,10 @@ with ``nemo-toolkit[asr]``; it is never a dependency of speechtrain). After 3 wa
 that the load of a shared machine falls on both alike. The table gives each side's median over all steps, the
 ratio speechtrain / NeMo of those medians, the spread (min - max) of the per-round ratios of medians, and the
 median of the ratios of paired steps (each step of ours over the NeMo step next to it).
+
+speechtrain's worker keeps freed host memory for reuse, as speechtrain's ``Trainer`` does in every run
+(:mod:`speechtrain.common.memory`); NeMo's runs with the default allocator unless ``--same-allocator``, which
+compares the models alone.
 
 Models (BPE-128-sized output, 129 classes with the blank, 80 mels):
 
@@ -115,10 +121,14 @@ def nemo_step(model_name: str, compile_layers: bool):  # noqa: ANN201
     return step, sum(p.numel() for p in modules.parameters())
 
 
-def worker(side: str, model_name: str, compile_layers: bool) -> None:
+def worker(side: str, model_name: str, compile_layers: bool, same_allocator: bool = False) -> None:
     """Build, warm up, then time one step each time a line ``step`` arrives on stdin."""
     import torch
 
+    if side == "speechtrain" or same_allocator:  # speechtrain's Trainer does this; NeMo's side with --same-allocator
+        from speechtrain.common.memory import keep_freed_memory
+
+        keep_freed_memory()
     torch.set_num_threads(2)
     step, params = (speechtrain_step if side == "speechtrain" else nemo_step)(model_name, compile_layers)
     for _ in range(3):
@@ -133,13 +143,15 @@ def worker(side: str, model_name: str, compile_layers: bool) -> None:
 
 
 class Worker:
-    def __init__(self, python: str, side: str, model_name: str, compile_layers: bool) -> None:
-        env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "OMP_NUM_THREADS": "2", "PYTHONPATH": str(ROOT)}
-        command = [python, __file__, "--worker", side, "--model", model_name]
+    def __init__(
+        self, python: str, side: str, model_name: str, compile_layers: bool, root: Path = ROOT, *flags: str
+    ) -> None:
+        env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "OMP_NUM_THREADS": "2", "PYTHONPATH": str(root)}
+        command = [python, str(root / "benchmarks" / "vs_nemo.py"), "--worker", side, "--model", model_name, *flags]
         if compile_layers:
             command.append("--compile")
         self.process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, text=True,
-                                        cwd=ROOT)  # fmt: skip
+                                        cwd=root)  # fmt: skip
         self.params = self._read()["ready"]
 
     def _read(self) -> dict:
@@ -167,18 +179,31 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--compile", action="store_true", help="speechtrain: encoder.compile=true")
+    parser.add_argument(
+        "--same-allocator",
+        action="store_true",
+        help="NeMo's worker too keeps freed host memory "
+        "(speechtrain.common.memory, which speechtrain's Trainer applies): the models alone compared",
+    )
+    parser.add_argument("--baseline", type=Path, help="instead of NeMo: speechtrain from this checkout (before/after; "
+                        "e.g. `git worktree add /tmp/old <commit>`)")  # fmt: skip
     parser.add_argument("--worker", choices=["speechtrain", "nemo"], help=argparse.SUPPRESS)
     parser.add_argument("--model", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
-        worker(args.worker, args.model, args.compile)
+        worker(args.worker, args.model, args.compile, args.same_allocator)
         return
-    header = "model | speechtrain s/step | NeMo s/step | ratio (min-max over rounds) | paired-step ratio | params"
-    print(f"| {header} (ours / NeMo) |")
+    other = f"{args.baseline} (baseline)" if args.baseline else "NeMo"
+    header = f"model | speechtrain s/step | {other} s/step | ratio (min-max over rounds) | paired-step ratio | params"
+    print(f"| {header} (ours / {other}) |")
     print("|---|---|---|---|---|---|")
     for model_name in args.models:
         ours = Worker(sys.executable, "speechtrain", model_name, args.compile)
-        theirs = Worker(args.nemo_python, "nemo", model_name, False) if args.nemo_python else None
+        if args.baseline:
+            theirs = Worker(sys.executable, "speechtrain", model_name, args.compile, args.baseline.resolve())
+        else:
+            flags = ["--same-allocator"] if args.same_allocator else []
+            theirs = Worker(args.nemo_python, "nemo", model_name, False, ROOT, *flags) if args.nemo_python else None
         rounds: list[dict[str, list[float]]] = []
         for index in range(args.rounds):
             times: dict[str, list[float]] = {"ours": [], "theirs": []}
