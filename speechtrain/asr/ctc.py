@@ -187,11 +187,18 @@ def ensure_lm(decoding_cfg: Any, train_data: Any) -> None:
 def fit_and_report(trainer: Any, model: "CTCModel", log_dir: Any, start: float) -> None:
     """Train, run a closing validation on every validation set, and print its WER/CER (global rank 0). A
     preempted run exits instead (:func:`~speechtrain.lightning.fault_tolerance.exit_if_preempted`)."""
+    from speechtrain.asr.report import decoding_report, greedy_breakdowns
     from speechtrain.lightning.fault_tolerance import exit_if_preempted
+    from speechtrain.lightning.parallel_state import in_first_replica
 
     trainer.fit(model)
     exit_if_preempted(trainer)
     results = trainer.validate(model, verbose=False) if model.val_dataloader() else []
+    sets = [(name, Path(resolve_manifest(cfg.manifest_filepath))) for name, cfg in model._validation_sets()
+            if isinstance(cfg.manifest_filepath, str)]  # fmt: skip
+    # The report's per-engine greedy WER runs the model: the first replica's ranks run it together, each with its
+    # own tensor-parallel shards (global rank 0 alone would wait for its peers forever).
+    breakdowns = greedy_breakdowns(model, sets) if results and in_first_replica() else None
     if trainer.is_global_zero:
         metrics = {k: v for r in results for k, v in r.items()}
         shown = ", ".join(
@@ -202,11 +209,7 @@ def fit_and_report(trainer: Any, model: "CTCModel", log_dir: Any, start: float) 
         line = f"Final: {shown} (transcripts {normalised}) | {seconds:.0f} s wall | run folder {log_dir}"
         print_final(line)
         if results:
-            from speechtrain.asr.report import decoding_report
-
-            sets = [(name, Path(resolve_manifest(cfg.manifest_filepath))) for name, cfg in model._validation_sets()
-                    if isinstance(cfg.manifest_filepath, str)]  # fmt: skip
-            report = decoding_report(model, metrics, sets)
+            report = decoding_report(model, metrics, sets, breakdowns)
             print(f"\nDecoding report (greedy = acoustic model alone; beam + LM beside it):\n{report}\n", flush=True)
             if log_dir is not None:
                 (Path(log_dir) / "decoding_report.md").write_text(report + "\n", encoding="utf-8")

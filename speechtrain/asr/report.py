@@ -66,9 +66,23 @@ def greedy_by_group(model: Any, records: list[dict], batch_size: int = 16) -> di
     return {g: (error_rate(*word_errors(*zip(*pairs))), len(pairs)) for g, pairs in sorted(groups.items())}
 
 
-def decoding_report(model: Any, metrics: dict[str, float], sets: list[tuple[str, Path]]) -> str:
+def greedy_breakdowns(model: Any, sets: list[tuple[str, Path]]) -> dict[str, dict[str, tuple[float, int]]]:
+    """:func:`greedy_by_group` of each validation set: {set name: {group: (WER, utterances)}}. It runs the model:
+    under tensor parallelism every rank of the model's replica calls it (each with its own shards)."""
+    from speechtrain.data.manifest import read_nemo_manifest
+
+    return {name: greedy_by_group(model, read_nemo_manifest(path)) for name, path in sets if path.is_file()}
+
+
+def decoding_report(
+    model: Any,
+    metrics: dict[str, float],
+    sets: list[tuple[str, Path]],
+    breakdowns: dict[str, dict[str, tuple[float, int]]] | None = None,
+) -> str:
     """The report's text. ``metrics``: the closing validation's (``val_wer_<set>``, ``val_wer_greedy_<set>``, ...);
-    ``sets``: (name, resolved manifest) of each validation set."""
+    ``sets``: (name, resolved manifest) of each validation set; ``breakdowns``: :func:`greedy_breakdowns` (computed
+    here when None, which runs the model in this process alone)."""
     from speechtrain.asr.ngram import NgramLM
     from speechtrain.data.manifest import read_nemo_manifest
 
@@ -93,7 +107,8 @@ def decoding_report(model: Any, metrics: dict[str, float], sets: list[tuple[str,
                  format_rate(oov), "n/a" if math.isnan(ppl) else f"{ppl:.1f}"]  # fmt: skip
         lines.append(" | ".join([name, *cells]))
         if records:
-            for group, (wer, count) in greedy_by_group(model, records).items():
+            groups = greedy_by_group(model, records) if breakdowns is None else breakdowns.get(name, {})
+            for group, (wer, count) in groups.items():
                 breakdown.append(f"{name} | {group} | {format_rate(wer)} | {count}")
     text = "\n".join(lines)
     if breakdown:

@@ -36,6 +36,7 @@ Command line::
 """
 
 import ctypes
+import fcntl
 import json
 import os
 import random
@@ -459,6 +460,16 @@ def build_speech_corpus(
 
 
 def _build(root: Path, params: dict, planner, workers: int) -> dict:
+    """Build the corpus at ``root`` unless a finished one with ``params`` is there. Several processes (the ranks of
+    a run that resolves ``builtin:`` names after they start, or two jobs) may ask for the same corpus at once: an
+    exclusive lock beside it lets one build while the others wait, then reuse its result."""
+    root.parent.mkdir(parents=True, exist_ok=True)
+    with open(root.parent / f".{root.name}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        return _build_locked(root, params, planner, workers)
+
+
+def _build_locked(root: Path, params: dict, planner, workers: int) -> dict:
     marker = root / "corpus.json"
     if marker.is_file():
         record = json.loads(marker.read_text())

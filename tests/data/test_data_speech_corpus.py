@@ -133,3 +133,17 @@ def test_a_missing_flite_program_is_named_with_its_install_command(monkeypatch):
     monkeypatch.setattr(speech_corpus.shutil, "which", lambda name: None)
     with pytest.raises(RuntimeError, match="apt-get install flite"):
         speech_corpus._Flite()
+
+
+@pytest.mark.multiprocess
+def test_processes_asking_for_the_same_corpus_at_once_build_it_once(tmp_path):
+    """The ranks of a run that resolves a ``builtin:`` name after they start ask for the corpus together: one builds
+    it, the other waits for it (before, both built into the same folder and one crashed)."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("spawn")) as pool:
+        futures = [pool.submit(build_corpus, tmp_path / "shared", hours=0.01, seed=5, workers=1) for _ in range(2)]
+        first, second = (f.result(timeout=240) for f in futures)
+    assert first == second  # the same record: the waiting process reused the build, it did not redo it
+    assert len(read_nemo_manifest(first["splits"]["train"]["manifest"])) == first["splits"]["train"]["utterances"]
