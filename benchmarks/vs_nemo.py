@@ -144,7 +144,7 @@ def worker(side: str, model_name: str, compile_layers: bool, same_allocator: boo
 
 class Worker:
     def __init__(
-        self, python: str, side: str, model_name: str, compile_layers: bool, root: Path = ROOT, *flags: str
+        self, python: str, side: str, model_name: str, compile_layers: bool, root: Path = ROOT, flags: tuple = ()
     ) -> None:
         env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "OMP_NUM_THREADS": "2", "PYTHONPATH": str(root)}
         command = [python, str(root / "benchmarks" / "vs_nemo.py"), "--worker", side, "--model", model_name, *flags]
@@ -202,8 +202,8 @@ def main(argv: list[str] | None = None) -> None:
         if args.baseline:
             theirs = Worker(sys.executable, "speechtrain", model_name, args.compile, args.baseline.resolve())
         else:
-            flags = ["--same-allocator"] if args.same_allocator else []
-            theirs = Worker(args.nemo_python, "nemo", model_name, False, ROOT, *flags) if args.nemo_python else None
+            flags = ("--same-allocator",) if args.same_allocator else ()
+            theirs = Worker(args.nemo_python, "nemo", model_name, False, flags=flags) if args.nemo_python else None
         rounds: list[dict[str, list[float]]] = []
         for index in range(args.rounds):
             times: dict[str, list[float]] = {"ours": [], "theirs": []}

@@ -86,6 +86,7 @@ def decoding_report(
     from speechtrain.asr.ngram import NgramLM
     from speechtrain.data.manifest import read_nemo_manifest
 
+    breakdowns = greedy_breakdowns(model, sets) if breakdowns is None else breakdowns
     lm_path = getattr(model.cfg.decoding, "lm_path", None)
     lm = NgramLM.read_arpa(lm_path) if model.cfg.decoding.strategy == "beam" and lm_path else None
     single = len(sets) == 1
@@ -107,8 +108,7 @@ def decoding_report(
                  format_rate(oov), "n/a" if math.isnan(ppl) else f"{ppl:.1f}"]  # fmt: skip
         lines.append(" | ".join([name, *cells]))
         if records:
-            groups = greedy_by_group(model, records) if breakdowns is None else breakdowns.get(name, {})
-            for group, (wer, count) in groups.items():
+            for group, (wer, count) in breakdowns.get(name, {}).items():
                 breakdown.append(f"{name} | {group} | {format_rate(wer)} | {count}")
     text = "\n".join(lines)
     if breakdown:
