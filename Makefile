@@ -13,14 +13,17 @@ gpu-check: install
 
 install: $(STAMP)
 
+APT_PACKAGES = flite festival festvox-kallpc16k festvox-kdlpc16k festvox-us-slt-hts
+
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
-	@# Flite (CMU, Festvox voices) reads the built-in corpus's held-out engine set; it is a Debian package only.
-	command -v flite >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
-		{ apt-get install -y -qq flite >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq flite; }; }; } \
-		|| echo "note: install flite (apt-get install flite) for the built-in corpus's heldout_engine sets"
+	@# Festival (three voices) reads part of the built-in corpus and Flite its held-out sets: Debian packages only.
+	dpkg -s $(APT_PACKAGES) >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
+		{ apt-get install -y -qq $(APT_PACKAGES) >/dev/null 2>&1 || \
+		  { apt-get update -qq && apt-get install -y -qq $(APT_PACKAGES); }; }; } \
+		|| echo "note: the built-in corpus needs apt-get install $(APT_PACKAGES)"
 	touch $(STAMP)
 
 demo: install

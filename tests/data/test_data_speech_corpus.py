@@ -1,4 +1,5 @@
 import json
+import shutil
 
 import numpy as np
 import pytest
@@ -81,7 +82,23 @@ def test_speech_plan_mixes_engines_and_keeps_the_heldout_engine_out_of_training(
     with pytest.raises(ValueError, match="cannot also be a training engine"):
         plan_speech(0.1, engines={"espeak": 1, "flite": 1}, heldout="flite")
     with pytest.raises(ValueError, match="Unknown synthesiser"):
-        plan_speech(0.1, engines={"festival": 1}, heldout=None)
+        plan_speech(0.1, engines={"mbrola": 1}, heldout=None)
+
+
+def test_a_heldout_engine_keeps_only_people_that_no_training_engine_reads_with():
+    """Festival's kal diphones are Flite's kal and kal16, and both have an slt voice: with Festival in training,
+    the held-out Flite sets are read by awb and rms alone."""
+    from speechtrain.data.speech_corpus import HELDOUT_SPLITS, plan_speech
+
+    def heldout_voices(engines):
+        planned = plan_speech(0.05, seed=1, engines=engines, heldout="flite", heldout_utterances=60)
+        return {u.voice for u in planned if u.split in HELDOUT_SPLITS}
+
+    assert heldout_voices({"espeak": 1, "piper": 1}) == {"kal", "kal16", "awb", "rms", "slt"}
+    assert heldout_voices({"espeak": 1, "festival": 1}) == {"awb", "rms"}
+    planned = plan_speech(0.2, seed=1, engines={"espeak": 1, "festival": 1}, heldout=None)
+    assert {u.voice for u in planned if u.engine == "festival"} == {
+        "kal_diphone", "ked_diphone", "cmu_us_slt_arctic_hts"}  # fmt: skip
 
 
 def test_a_tiny_multi_engine_corpus_records_engine_voice_and_warp(tmp_path):
@@ -127,12 +144,32 @@ def test_builtin_speech_names_resolve_to_the_multi_engine_corpus(monkeypatch, tm
         resolve_manifest("builtin:speech/nope")
 
 
-def test_a_missing_flite_program_is_named_with_its_install_command(monkeypatch):
+def test_a_missing_flite_or_festival_program_is_named_with_its_install_command(monkeypatch):
     import speechtrain.data.speech_corpus as speech_corpus
 
     monkeypatch.setattr(speech_corpus.shutil, "which", lambda name: None)
     with pytest.raises(RuntimeError, match="apt-get install flite"):
         speech_corpus._Flite()
+    with pytest.raises(RuntimeError, match="apt-get install festival festvox-kallpc16k"):
+        speech_corpus._Festival()
+
+
+@pytest.mark.skipif(shutil.which("festival") is None, reason="Festival is not installed (make install does it as root)")
+def test_festival_reads_each_voice_in_one_process_and_names_a_voice_it_lacks(tmp_path):
+    from speechtrain.data.speech_corpus import FESTIVAL_VOICES, Utterance, _Festival
+
+    festival = _Festival()
+    text = "she read forty two books, didn't she?"
+    for voice in FESTIVAL_VOICES:
+        audio, rate = festival.synthesize(Utterance("u", "train", text, voice, rate=165, pitch=50, engine="festival"))
+        assert rate in (16000, 32000) and 1.0 < len(audio) / rate < 5.0 and np.abs(audio).max() > 0.05
+    slow, rate = festival.synthesize(Utterance("u", "train", text, "kal_diphone", 120, 50, "festival"))
+    fast, _ = festival.synthesize(Utterance("u", "train", text, "kal_diphone", 200, 50, "festival"))
+    assert len(slow) > 1.4 * len(fast)  # the speaking rate is Festival's duration stretch
+    with pytest.raises(RuntimeError, match="voice 'nobody'"):
+        festival.synthesize(Utterance("u", "train", text, "nobody", 165, 50, "festival"))
+    audio, _ = festival.synthesize(Utterance("u", "train", text, "ked_diphone", 165, 50, "festival"))
+    assert np.abs(audio).max() > 0.05  # still serving after an error
 
 
 @pytest.mark.multiprocess
