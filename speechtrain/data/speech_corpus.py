@@ -40,7 +40,8 @@ fine-tune on.
 
 Command line::
 
-    python -m speechtrain.data.synthetic --out DIR --hours 2 [--seed 0] [--workers 2] [--engines espeak=3,piper=1,festival=1]
+    python -m speechtrain.data.synthetic --out DIR --hours 2 [--seed 0] [--workers 2]
+    python -m speechtrain.data.synthetic --hours 10 --engines espeak=3,piper=1,festival=1  # another mix
 """
 
 import ctypes
@@ -374,7 +375,8 @@ class _Festival:
         # stderr is unbuffered, so the marker arrives as soon as the wave file is written.
         self.process.stdin.write(
             f"(voice_{u.voice})\n(Parameter.set 'Duration_Stretch {stretch:.3f})\n"
-            f'(utt.save.wave (utt.synth (Utterance Text "{text}")) "{path}" \'riff)\n(format stderr "{self._DONE}\\n")\n'
+            f'(utt.save.wave (utt.synth (Utterance Text "{text}")) "{path}" \'riff)\n'
+            f'(format stderr "{self._DONE}\\n")\n'
         )
         self.process.stdin.flush()
         said = []
@@ -585,7 +587,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--utterances", type=int, help="an exact number of utterances instead of --hours")
     parser.add_argument("--voice", help=f"one voice for all utterances (a TTS corpus), e.g. {TTS_VOICE}")
-    parser.add_argument("--engines", help="the multi-engine corpus with these weights, e.g. espeak=3,piper=1,festival=1")
+    parser.add_argument(
+        "--engines", help="the multi-engine corpus with these weights, e.g. espeak=3,piper=1,festival=1"
+    )
     parser.add_argument("--heldout", default=HELDOUT_ENGINE, help="multi-engine corpus: the held-out synthesiser")
     args = parser.parse_args(argv)
     if args.engines:

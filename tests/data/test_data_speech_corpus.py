@@ -154,7 +154,7 @@ def test_a_missing_flite_or_festival_program_is_named_with_its_install_command(m
         speech_corpus._Festival()
 
 
-@pytest.mark.skipif(shutil.which("festival") is None, reason="Festival is not installed (make install does it as root)")
+@pytest.mark.skipif(shutil.which("festival") is None, reason="Festival is not installed (make install adds it)")
 def test_festival_reads_each_voice_in_one_process_and_names_a_voice_it_lacks(tmp_path):
     from speechtrain.data.speech_corpus import FESTIVAL_VOICES, Utterance, _Festival
 
