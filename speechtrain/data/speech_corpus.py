@@ -364,30 +364,32 @@ class _Festival:
                 "The festival engine needs Festival and its voices: `apt-get install festival festvox-kallpc16k "
                 "festvox-kdlpc16k festvox-us-slt-hts` (`make install` does it as root)."
             )
-        self.folder = tempfile.mkdtemp(prefix="speechtrain-festival-")
         self.process = subprocess.Popen(["festival", "--pipe"], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
                                         stderr=subprocess.PIPE, text=True)  # fmt: skip
 
     def synthesize(self, u: Utterance) -> tuple[np.ndarray, int]:
-        path = os.path.join(self.folder, "out.wav")
         text = "".join(c if c.isalnum() or c in " ,.?!'-" else " " for c in u.text)  # nothing Scheme would parse
         stretch = TTS_RATE_WPM / u.rate * u.warp
-        # stderr is unbuffered, so the marker arrives as soon as the wave file is written.
-        self.process.stdin.write(
-            f"(voice_{u.voice})\n(Parameter.set 'Duration_Stretch {stretch:.3f})\n"
-            f'(utt.save.wave (utt.synth (Utterance Text "{text}")) "{path}" \'riff)\n'
-            f'(format stderr "{self._DONE}\\n")\n'
-        )
-        self.process.stdin.flush()
-        said = []
-        while (line := self.process.stderr.readline()) and self._DONE not in line:
-            said.append(line)
-        if not line:
-            raise RuntimeError(f"Festival stopped while reading {u.text!r} with voice {u.voice!r}: {''.join(said)}")
-        if any("SIOD ERROR" in x for x in said) or not os.path.exists(path):
-            raise RuntimeError(f"Festival could not read {u.text!r} with voice {u.voice!r}: {''.join(said)}")
-        audio, rate = sf.read(path, dtype="float32")
-        os.unlink(path)
+        with tempfile.TemporaryDirectory(prefix="speechtrain-festival-") as folder:
+            path = os.path.join(folder, "out.wav")
+            said = []
+            try:  # stderr is unbuffered, so the marker arrives as soon as the wave file is written
+                self.process.stdin.write(
+                    f"(voice_{u.voice})\n(Parameter.set 'Duration_Stretch {stretch:.3f})\n"
+                    f'(utt.save.wave (utt.synth (Utterance Text "{text}")) "{path}" \'riff)\n'
+                    f'(format stderr "{self._DONE}\\n")\n'
+                )
+                self.process.stdin.flush()
+                while (line := self.process.stderr.readline()) and self._DONE not in line:
+                    said.append(line)
+            except OSError:  # the process has gone: its stdin pipe is broken
+                line = ""
+            if not line:
+                detail = "".join(said)
+                raise RuntimeError(f"Festival stopped while reading {u.text!r} with voice {u.voice!r}: {detail}")
+            if any("SIOD ERROR" in x for x in said) or not os.path.exists(path):
+                raise RuntimeError(f"Festival could not read {u.text!r} with voice {u.voice!r}: {''.join(said)}")
+            audio, rate = sf.read(path, dtype="float32")
         if audio.size == 0:
             raise RuntimeError(f"Festival read {u.text!r} with voice {u.voice!r} as silence.")
         return audio, rate

@@ -170,6 +170,10 @@ def test_festival_reads_each_voice_in_one_process_and_names_a_voice_it_lacks(tmp
         festival.synthesize(Utterance("u", "train", text, "nobody", 165, 50, "festival"))
     audio, _ = festival.synthesize(Utterance("u", "train", text, "ked_diphone", 165, 50, "festival"))
     assert np.abs(audio).max() > 0.05  # still serving after an error
+    festival.process.kill()
+    festival.process.wait()
+    with pytest.raises(RuntimeError, match="Festival stopped while reading"):
+        festival.synthesize(Utterance("u", "train", text, "ked_diphone", 165, 50, "festival"))
 
 
 @pytest.mark.multiprocess
