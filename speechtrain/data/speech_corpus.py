@@ -76,7 +76,7 @@ RATE_WPM = (135, 195)
 # The multi-engine corpus (``builtin:speech``).
 SPEECH_CORPUS_NAME = "speech-en"
 SPEECH_CORPUS_VERSION = 1
-SPEECH_ENGINES = {"espeak": 0.6, "piper": 0.2, "festival": 0.2}  # share of the planned speech; flite is held out
+SPEECH_ENGINES = {"espeak": 0.4, "piper": 0.3, "festival": 0.3}  # share of the planned speech; flite is held out
 HELDOUT_ENGINE = "flite"
 HELDOUT_SPLITS = {"heldout_engine": "test", "heldout_engine_train": "train"}  # split -> its sentences' pool
 HELDOUT_UTTERANCES = 400

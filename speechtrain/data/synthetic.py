@@ -273,7 +273,7 @@ def resolve_manifest(manifest_filepath: str | os.PathLike) -> Path:
     - ``builtin:espeak-tts/<split>``: the same sentences read by one voice at one rate and pitch (6 h), for TTS;
       ``builtin:espeak-tts-<H>h[-seed<S>]/<split>`` for another size or seed;
     - ``builtin:speech/<train|dev|test|heldout_engine|heldout_engine_train>``: the multi-engine corpus (eSpeak NG,
-      Piper and Festival mixed 3:1:1, Flite held out; 10 h planned, seed 0);
+      Piper and Festival mixed 4:3:3, Flite held out; 10 h planned, seed 0);
       ``builtin:speech-<H>h[-seed<S>]/<split>`` for another size or seed (see :mod:`speechtrain.data.speech_corpus`).
     """
     name = str(manifest_filepath)
