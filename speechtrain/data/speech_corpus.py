@@ -83,6 +83,7 @@ HELDOUT_UTTERANCES = 400
 PIPER_VOICES = ("joe",)
 FLITE_VOICES = ("kal", "kal16", "awb", "rms", "slt")
 FESTIVAL_VOICES = ("kal_diphone", "ked_diphone", "cmu_us_slt_arctic_hts")
+FESTIVAL_PACKAGES = ("festival", "festvox-kallpc16k", "festvox-kdlpc16k", "festvox-us-slt-hts")  # Debian
 # The recorded person behind each Festvox voice: a held-out engine keeps only voices of people that no training
 # engine reads with (Festival's kal diphones are Flite's kal and kal16; both have an slt voice).
 SPEAKERS = {"flite:kal": "kal", "flite:kal16": "kal", "flite:slt": "slt", "festival:kal_diphone": "kal",
@@ -109,6 +110,11 @@ class Utterance:
     engine: str = "espeak"
     warp: float = 1.0  # piper / festival / flite: pitch and formants scaled by this factor, duration kept
     noise: float = 0.667  # piper: the sampling noise of its duration and acoustic models
+
+    @property
+    def stretch(self) -> float:
+        """How much longer than at ``TTS_RATE_WPM`` the piper, flite and festival engines read it (rate and warp)."""
+        return TTS_RATE_WPM / self.rate * self.warp
 
 
 def voice_variants(klatt: bool = False) -> list[str]:
@@ -179,12 +185,6 @@ def _engine_voices(engine: str, seed: int, exclude_speakers: frozenset[str] = fr
     return {split: list(voices) for split in (*SPLITS, *HELDOUT_SPLITS)}
 
 
-def _speakers(engine: str, seed: int) -> frozenset[str]:
-    """The recorded people behind ``engine``'s voices (see ``SPEAKERS``; eSpeak's formant voices have none)."""
-    voices = () if engine == "espeak" else _engine_voices(engine, seed)["train"]
-    return frozenset(filter(None, (SPEAKERS.get(f"{engine}:{v}") for v in voices)))
-
-
 def plan_speech(
     hours: float,
     seed: int = 0,
@@ -204,8 +204,9 @@ def plan_speech(
     rng = random.Random(seed)
     names, weights = list(engines), list(engines.values())
     voices = {e: _engine_voices(e, seed) for e in names}
-    if heldout:  # without the voices of people that training hears through another engine
-        voices[heldout] = _engine_voices(heldout, seed, frozenset().union(*(_speakers(e, seed) for e in names)))
+    if heldout:  # without the voices of people that training hears through another engine (eSpeak's: nobody)
+        heard = frozenset(SPEAKERS.get(f"{e}:{v}") for e in names for v in voices[e]["train"]) - {None}
+        voices[heldout] = _engine_voices(heldout, seed, heard)
     generator = SentenceGenerator(seed)
     planned: list[Utterance] = []
     counts = dict.fromkeys([*SPLITS, *HELDOUT_SPLITS], 0)
@@ -323,7 +324,7 @@ class _Piper:
     def synthesize(self, u: Utterance) -> tuple[np.ndarray, int]:
         from piper import SynthesisConfig
 
-        syn = SynthesisConfig(length_scale=TTS_RATE_WPM / u.rate * u.warp, noise_scale=u.noise, noise_w_scale=u.noise)
+        syn = SynthesisConfig(length_scale=u.stretch, noise_scale=u.noise, noise_w_scale=u.noise)
         chunks = [c.audio_float_array for c in self.voice.synthesize(u.text, syn_config=syn)]
         if not chunks:
             raise RuntimeError(f"Piper could not read {u.text!r}.")
@@ -341,7 +342,7 @@ class _Flite:
 
     def synthesize(self, u: Utterance) -> tuple[np.ndarray, int]:
         with tempfile.NamedTemporaryFile(suffix=".wav") as out:
-            stretch = f"duration_stretch={TTS_RATE_WPM / u.rate * u.warp:.3f}"
+            stretch = f"duration_stretch={u.stretch:.3f}"
             subprocess.run(["flite", "-voice", u.voice, "--setf", stretch, "-t", u.text, "-o", out.name],
                            check=True, capture_output=True, timeout=120)  # fmt: skip
             audio, rate = sf.read(out.name, dtype="float32")
@@ -351,9 +352,9 @@ class _Flite:
 
 
 class _Festival:
-    """The Festival speech synthesis system (Debian packages ``festival``, ``festvox-kallpc16k``,
-    ``festvox-kdlpc16k``, ``festvox-us-slt-hts``): one ``festival --pipe`` process per worker, fed one utterance
-    at a time. A process per utterance (as for Flite) would spend ~0.25 s starting Festival for ~0.03 s of synthesis.
+    """The Festival speech synthesis system (Debian ``FESTIVAL_PACKAGES``): one ``festival --pipe`` process per
+    worker, fed one utterance at a time. A process per utterance (as for Flite) would spend ~0.25 s starting
+    Festival for ~0.03 s of synthesis.
     """
 
     _DONE = "@@speechtrain-done@@"
@@ -361,21 +362,20 @@ class _Festival:
     def __init__(self) -> None:
         if shutil.which("festival") is None:
             raise RuntimeError(
-                "The festival engine needs Festival and its voices: `apt-get install festival festvox-kallpc16k "
-                "festvox-kdlpc16k festvox-us-slt-hts` (`make install` does it as root)."
+                f"The festival engine needs Festival and its voices: `apt-get install {' '.join(FESTIVAL_PACKAGES)}` "
+                "(`make install` does it as root)."
             )
         self.process = subprocess.Popen(["festival", "--pipe"], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
                                         stderr=subprocess.PIPE, text=True)  # fmt: skip
 
     def synthesize(self, u: Utterance) -> tuple[np.ndarray, int]:
         text = "".join(c if c.isalnum() or c in " ,.?!'-" else " " for c in u.text)  # nothing Scheme would parse
-        stretch = TTS_RATE_WPM / u.rate * u.warp
         with tempfile.TemporaryDirectory(prefix="speechtrain-festival-") as folder:
             path = os.path.join(folder, "out.wav")
             said = []
             try:  # stderr is unbuffered, so the marker arrives as soon as the wave file is written
                 self.process.stdin.write(
-                    f"(voice_{u.voice})\n(Parameter.set 'Duration_Stretch {stretch:.3f})\n"
+                    f"(voice_{u.voice})\n(Parameter.set 'Duration_Stretch {u.stretch:.3f})\n"
                     f'(utt.save.wave (utt.synth (Utterance Text "{text}")) "{path}" \'riff)\n'
                     f'(format stderr "{self._DONE}\\n")\n'
                 )
