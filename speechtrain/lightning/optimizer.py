@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from speechtrain.lightning.megatron_compat import cuda_tensor_types
+from speechtrain.lightning.megatron_compat import cuda_tensor_types, fused_cpu_kernels
 
 
 class MegatronOptimizer(torch.optim.Optimizer):
@@ -76,6 +76,7 @@ class MegatronOptimizer(torch.optim.Optimizer):
             mcore = get_megatron_optimizer(config, [engine.ddp])
         if len(getattr(mcore, "chained_optimizers", ())) == 1:  # a chain of one (no expert parameters here)
             mcore = mcore.chained_optimizers[0]
+        fused_cpu_kernels(mcore)
         # Megatron's own LR scheduler applies the per-group multipliers at every step; under Lightning's
         # schedulers (which scale each group's initial lr) they are applied once, here.
         for group in mcore.param_groups:
@@ -124,6 +125,7 @@ class MegatronOptimizer(torch.optim.Optimizer):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         if not self.mcore.config.use_distributed_optimizer:
             self.mcore.load_state_dict(state_dict)
-            return
-        self.mcore.load_state_dict(state_dict["common"])
-        self.mcore.load_parameter_state_from_dp_zero(state_dict["param_state"])
+        else:
+            self.mcore.load_state_dict(state_dict["common"])
+            self.mcore.load_parameter_state_from_dp_zero(state_dict["param_state"])
+        fused_cpu_kernels(self.mcore)  # the loaded groups carry the flags they were saved with
