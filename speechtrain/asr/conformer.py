@@ -407,16 +407,27 @@ class ConformerEncoder(torch.nn.Module):
         self._run_layer = torch.compile(_run_layer, dynamic=True) if cfg.compile else _run_layer
 
     def forward(self, feats: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x, lengths, _ = self.forward_with_layers(feats, lengths, ())
+        return x, lengths
+
+    def forward_with_layers(
+        self, feats: torch.Tensor, lengths: torch.Tensor, capture: tuple[int, ...]
+    ) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
+        """:meth:`forward`, and the outputs of the layers ``capture`` (0-based, in that order; padded frames
+        zeroed), e.g. for intermediate CTC losses."""
+        captured: dict[int, torch.Tensor] = {}
         x, lengths = self.subsampling(feats, lengths)
         x = self.dropout(x * self.xscale)
         mask = frame_mask(lengths, x.shape[1])
         positions = relative_positions(x.shape[1], x.shape[2], x.device)  # once for all layers
         recompute = self.activation_checkpointing and self.training and torch.is_grad_enabled()
-        for layer in self.layers:
+        for index, layer in enumerate(self.layers):
             if recompute:
                 x = torch.utils.checkpoint.checkpoint(
                     self._run_layer, layer, x, mask, positions, use_reentrant=False, context_fn=_checkpoint_contexts
                 )
             else:
                 x = self._run_layer(layer, x, mask, positions)
-        return x * mask[:, :, None], lengths
+            if index in capture:
+                captured[index] = x * mask[:, :, None]
+        return x * mask[:, :, None], lengths, [captured[index] for index in capture]

@@ -330,14 +330,24 @@ class CTCModel(SpeechModel):
         if self.encoder is None:
             self.configure_model()
 
-    def forward(self, audio: torch.Tensor, audio_lens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """audio (B, T), audio_lens (B,) -> log_probs (B, F', V+1) in fp32 (blank last), lengths (B,)."""
+    def features(self, audio: torch.Tensor, audio_lens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """audio (B, T), audio_lens (B,) -> the encoder's input (B, n_mels, F) in fp32 (SpecAugment applied in
+        training), frame lengths (B,)."""
         self._built()
-        feats, lengths = self.preprocessor(audio, audio_lens)  # (B, n_mels, F), fp32
+        feats, lengths = self.preprocessor(audio, audio_lens)
         if self.spec_augment is not None:
             feats = self.spec_augment(feats, lengths)
+        return feats, lengths
+
+    def log_probs(self, x: torch.Tensor) -> torch.Tensor:
+        """Encoder frames (B, F', D) -> CTC log-probabilities (B, F', V+1) in fp32 (blank last)."""
+        return F.log_softmax(self.decoder(x).float(), dim=-1)
+
+    def forward(self, audio: torch.Tensor, audio_lens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """audio (B, T), audio_lens (B,) -> log_probs (B, F', V+1) in fp32 (blank last), lengths (B,)."""
+        feats, lengths = self.features(audio, audio_lens)  # (builds the layers on first use)
         x, lengths = self.encoder(feats, lengths)
-        return F.log_softmax(self.decoder(x).float(), dim=-1), lengths
+        return self.log_probs(x), lengths
 
     def ctc_losses(self, log_probs: torch.Tensor, lengths: torch.Tensor, batch: dict[str, Any]) -> torch.Tensor:
         """Per-utterance CTC losses (B,), fp32 (an utterance too short for its transcript gives 0, not inf)."""
@@ -386,7 +396,10 @@ class CTCModel(SpeechModel):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """(loss sum, count): the ratio is the loss. ``mean_volume`` counts target tokens (NeMo's default for
         Conformer-CTC), ``mean_batch`` counts utterances."""
-        losses = self.ctc_losses(*output, batch)
+        return self.reduced(self.ctc_losses(*output, batch), batch)
+
+    def reduced(self, losses: torch.Tensor, batch: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-utterance losses (B,) -> (loss sum, count) under ``ctc_reduction``."""
         if self.cfg.ctc_reduction == "mean_batch":
             return losses.sum(), torch.tensor(losses.shape[0], device=losses.device)
         return losses.sum(), batch["token_lens"].sum()
@@ -641,6 +654,17 @@ MODEL_SIZES: dict[str, dict[str, Any]] = {
 
 
 @dataclass
+class InterCTCConfig:
+    """Intermediate CTC losses (NeMo's ``model.interctc``): the CTC head also reads the output of the encoder layers
+    ``apply_at_layers`` (0-based) in training, and the loss is ``(1 - sum(loss_weights)) * final +
+    sum(w_i * intermediate_i)``. It regularises the lower layers and shortens the CTC plateau; decoding and
+    validation use the final layer only. Empty lists: off."""
+
+    loss_weights: list[float] = field(default_factory=list)
+    apply_at_layers: list[int] = field(default_factory=list)
+
+
+@dataclass
 class ConformerCTCConfig:
     """Config of :class:`ConformerCTCModel` (``size`` fills in the encoder shape; every encoder key given in the YAML
     or on the command line wins over the size, whatever its value)."""
@@ -652,6 +676,7 @@ class ConformerCTCConfig:
     spec_augment: SpecAugmentConfig | None = field(default_factory=SpecAugmentConfig)
     encoder: ConformerConfig = field(default_factory=ConformerConfig)
     ctc_reduction: str = "mean_volume"
+    interctc: InterCTCConfig = field(default_factory=InterCTCConfig)
     decoding: DecodingConfig = field(default_factory=DecodingConfig)
     wer: WerConfig = field(default_factory=WerConfig)
     train_ds: LoaderConfig = field(default_factory=lambda: LoaderConfig(batch_duration=120.0))
@@ -676,6 +701,42 @@ class ConformerCTCModel(CTCModel):
     """Conformer (``striding``, 4x) or FastConformer (``dw_striding``, 8x) encoder with a CTC head."""
 
     Config = ConformerCTCConfig
+
+    def __init__(self, cfg: Any) -> None:
+        super().__init__(cfg)
+        weights, layers = list(self.cfg.interctc.loss_weights), list(self.cfg.interctc.apply_at_layers)
+        depth = self.cfg.encoder.num_layers
+        if len(weights) != len(layers):
+            raise ConfigError(f"model.interctc: loss_weights {weights} and apply_at_layers {layers} must have the "
+                              "same length (one weight per layer).")  # fmt: skip
+        if any(w <= 0 for w in weights) or sum(weights) >= 1:
+            raise ConfigError(f"model.interctc.loss_weights={weights}: each must be > 0 and their sum < 1 (the final "
+                              "layer's CTC loss gets 1 - sum).")  # fmt: skip
+        if any(not 0 <= layer < depth for layer in layers) or len(set(layers)) != len(layers):
+            raise ConfigError(f"model.interctc.apply_at_layers={layers}: distinct 0-based layer indices below "
+                              f"model.encoder.num_layers={depth}.")  # fmt: skip
+
+    def forward_step(self, batch: dict[str, Any]) -> tuple:
+        """(log_probs, lengths) of a batch; in training with ``interctc``, also the log-probabilities of the
+        captured layers (the same CTC head; lengths are shared)."""
+        layers = tuple(self.cfg.interctc.apply_at_layers)
+        if not (layers and self.training):
+            return super().forward_step(batch)
+        feats, lengths = self.features(batch["audio"], batch["audio_lens"])
+        x, lengths, captured = self.encoder.forward_with_layers(feats, lengths, layers)
+        return self.log_probs(x), lengths, [self.log_probs(c) for c in captured]
+
+    def loss_step(self, batch: dict[str, Any], output: tuple) -> tuple[torch.Tensor, torch.Tensor]:
+        """CTC's (loss sum, count); with intermediate outputs, the interctc-weighted sum of the per-utterance CTC
+        losses (NeMo's weighting), reduced the same way."""
+        if len(output) == 2:
+            return super().loss_step(batch, output)
+        log_probs, lengths, captured = output
+        weights = self.cfg.interctc.loss_weights
+        losses = (1.0 - sum(weights)) * self.ctc_losses(log_probs, lengths, batch)
+        for weight, layer_log_probs in zip(weights, captured, strict=True):
+            losses = losses + weight * self.ctc_losses(layer_log_probs, lengths, batch)
+        return self.reduced(losses, batch)
 
     def save_to(self, path: str | Path) -> Path:
         """Write the model archive (``.stm``), or, for a ``.nemo`` path, NeMo's ``EncDecCTCModelBPE`` checkpoint

@@ -48,6 +48,7 @@ from speechtrain.asr.transducer_decoding import (
     word_timestamps,
 )
 from speechtrain.asr.transducer_loss import feasible, rnnt_loss, tdt_loss
+from speechtrain.common.config import ConfigError
 
 logger = logging.getLogger(__name__)
 
@@ -184,6 +185,9 @@ class ConformerTransducerModel(ConformerCTCModel):
     def __init__(self, cfg: Any) -> None:
         super().__init__(cfg)
         cfg = self.cfg
+        if cfg.interctc.apply_at_layers:
+            raise ConfigError(f"model.interctc.apply_at_layers={list(cfg.interctc.apply_at_layers)}: intermediate CTC "
+                              "losses are implemented for the CTC models only, not for transducers.")  # fmt: skip
         if cfg.loss not in LOSSES:
             raise ValueError(f"model.loss must be one of {', '.join(LOSSES)}, got {cfg.loss!r}.")
         durations = list(cfg.durations)
@@ -217,10 +221,7 @@ class ConformerTransducerModel(ConformerCTCModel):
 
     def forward(self, audio: torch.Tensor, audio_lens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """audio (B, T), audio_lens (B,) -> encoder output (B, F', D), lengths (B,)."""
-        self._built()
-        feats, lengths = self.preprocessor(audio, audio_lens)
-        if self.spec_augment is not None:
-            feats = self.spec_augment(feats, lengths)
+        feats, lengths = self.features(audio, audio_lens)  # (builds the layers on first use)
         return self.encoder(feats, lengths)
 
     def ctc_log_probs(self, enc: torch.Tensor) -> torch.Tensor:

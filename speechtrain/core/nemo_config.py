@@ -381,10 +381,11 @@ def _model(t: _Translator, model: Mapping[str, Any]) -> None:
     _tokenizer(t, model.get("tokenizer"))
     interctc = model.get("interctc") or {}
     for key, value in interctc.items():
-        if value:
-            t.refuse(f"model.interctc.{key}", value, "intermediate CTC losses are not implemented")
+        if key in ("loss_weights", "apply_at_layers"):
+            t.set(f"model.interctc.{key}", list(value or []))
+            t.lines.append(f"nemo: model.interctc.{key}={_show(value)} -> model.interctc.{key}")
         else:
-            t.lines.append(f"nemo: model.interctc.{key}={_show(value)}: what speechtrain does (no intermediate CTC)")
+            t.refuse(f"model.interctc.{key}", value, "no speechtrain equivalent (unknown key)")
     optim = dict(model.get("optim") or {})
     sched = optim.pop("sched", None)
     t.apply(optim, _OPTIM, "model.optim", "model")

@@ -1,5 +1,5 @@
-"""Forward and backward of a small Conformer encoder under a tensor-parallel size; launched by
-test_asr_conformer.py with torchrun (TP=2, gloo) or as one plain process (the reference). Rank 0 writes
+"""Forward and backward of a small Conformer encoder (its output and layer 0's) under a tensor-parallel size;
+launched by test_asr_conformer.py with torchrun (TP=2, gloo) or as one plain process (the reference). Rank 0 writes
 ``<out>`` with the outputs, the gradient of the input features and the full gradients of every parameter."""
 
 import argparse
@@ -32,9 +32,12 @@ def main() -> None:
     generator = torch.Generator().manual_seed(3)
     feats = torch.randn(3, 20, 90, generator=generator).requires_grad_()
     lengths = torch.tensor([90, 61, 33])
-    out, out_lengths = encoder(feats, lengths)
+    # Layer 0's output is captured too (intermediate CTC's input) and takes part in the loss: under TP it must be
+    # the full hidden state.
+    out, out_lengths, (first,) = encoder.forward_with_layers(feats, lengths, (0,))
     weights = torch.randn(out.shape, generator=generator)
-    (out * weights).sum().backward()
+    first_weights = torch.randn(first.shape, generator=generator)
+    ((out * weights).sum() + (first * first_weights).sum()).backward()
     grads = {name: p.grad for name, p in encoder.named_parameters()}
     full_grads = {}
     for name, param in encoder.named_parameters():
@@ -47,8 +50,8 @@ def main() -> None:
     del grads
     state = gather_full_state_dict(encoder)
     if int(os.environ.get("RANK", "0")) == 0:
-        torch.save({"out": out.detach(), "lengths": out_lengths, "feat_grad": feats.grad, "grads": full_grads,
-                    "weights": state}, args.out)  # fmt: skip
+        torch.save({"out": out.detach(), "first": first.detach(), "lengths": out_lengths, "feat_grad": feats.grad,
+                    "grads": full_grads, "weights": state}, args.out)  # fmt: skip
     if world > 1:
         dist.destroy_process_group()
 

@@ -108,6 +108,7 @@ def test_tensor_parallel_encoder_equals_single_process(tmp_path, subsampling):
         torch.testing.assert_close(b["weights"][name], a["weights"][name], atol=1e-7, rtol=1e-6, msg=name)  # same init
     assert torch.equal(a["lengths"], b["lengths"])
     torch.testing.assert_close(b["out"], a["out"], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(b["first"], a["first"], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(b["feat_grad"], a["feat_grad"], atol=1e-5, rtol=1e-5)
     for name, grad in a["grads"].items():
         # Relative to the gradient's norm: some are zero up to rounding (a bias followed by batch norm).

@@ -99,6 +99,49 @@ def test_ctc_reductions(dtmf_manifest, reduction):
     assert log_probs.shape[-1] == len(DIGITS) + 1 and log_probs.dtype == torch.float32
 
 
+def test_intermediate_ctc_weights_the_captured_layers_losses_like_nemo(dtmf_manifest):
+    """model.interctc (NeMo's keys): in training the loss is (1 - sum w) * final + sum w_i * CTC(layer i's output
+    through the same head), reduced like CTC; evaluation and decoding read the final layer only."""
+    torch.manual_seed(0)
+    encoder = {**_config()["encoder"], "num_layers": 3}
+    model = ConformerCTCModel(_config(encoder=encoder, interctc={"loss_weights": [0.2, 0.3],
+                                                                 "apply_at_layers": [1, 0]}))  # fmt: skip
+    batch = _batch(dtmf_manifest, model)
+    model.train()
+    log_probs, lengths, captured = model.forward_step(batch)
+    loss_sum, count = model.loss_step(batch, (log_probs, lengths, captured))
+    layers = []
+    hooks = [layer.register_forward_hook(lambda m, args, out: layers.append(out)) for layer in model.encoder.layers]
+    with torch.no_grad():
+        final, _ = model(batch["audio"], batch["audio_lens"])
+    for hook in hooks:
+        hook.remove()
+
+    def ctc(lp):
+        return F.ctc_loss(lp.transpose(0, 1), batch["tokens"], lengths, batch["token_lens"], blank=len(DIGITS),
+                          reduction="none", zero_infinity=True)  # fmt: skip
+
+    mask = (torch.arange(lengths.max())[None, :] < lengths[:, None])[:, :, None]
+    expected = (
+        0.5 * ctc(final) + 0.2 * ctc(model.log_probs(layers[1] * mask)) + 0.3 * ctc(model.log_probs(layers[0] * mask))
+    )
+    torch.testing.assert_close(loss_sum, expected.sum(), rtol=1e-5, atol=1e-5)
+    assert int(count) == int(batch["token_lens"].sum())
+    model.eval()
+    assert len(model.forward_step(batch)) == 2  # validation: the final layer alone
+
+
+@pytest.mark.parametrize(
+    ("interctc", "message"),
+    [({"loss_weights": [0.3], "apply_at_layers": []}, "same length"),
+     ({"loss_weights": [0.6, 0.4], "apply_at_layers": [0, 0]}, "sum < 1"),
+     ({"loss_weights": [0.3], "apply_at_layers": [1]}, "below model.encoder.num_layers=1")],
+)  # fmt: skip
+def test_intermediate_ctc_settings_that_cannot_work_are_refused_by_name(interctc, message):
+    with pytest.raises(ValueError, match=message):
+        ConformerCTCModel(_config(interctc=interctc))
+
+
 def test_archive_round_trip_with_a_bpe_tokenizer_gives_identical_transcripts(tmp_path, dtmf_manifest):
     texts = [" ".join(str((i * 7 + j) % 10) for j in range(2 + i % 6)) for i in range(300)]
     bpe = train_sentencepiece(texts, tmp_path / "bpe", vocab_size=16)

@@ -121,6 +121,8 @@ def test_hybrid_loss_and_both_heads_decode(dtmf_manifest):
     assert model.decode(enc, lengths) == model.greedy_decode(enc, lengths) != transducer_text
     with pytest.raises(ValueError, match="decoder_type"):
         ConformerTransducerModel(_config(decoder_type="ctc"))
+    with pytest.raises(ValueError, match="intermediate CTC losses are implemented for the CTC models only"):
+        ConformerTransducerModel(_config(hybrid=True, interctc={"loss_weights": [0.3], "apply_at_layers": [0]}))
 
 
 @pytest.mark.parametrize("loss", ["rnnt", "tdt"])

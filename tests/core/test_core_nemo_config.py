@@ -31,9 +31,11 @@ def tokenizer_dir(tmp_path_factory) -> Path:
 def test_the_published_fast_conformer_yaml_composes_translates_and_builds_on_meta(tokenizer_dir, caplog):
     overrides = [f"model.tokenizer.dir={tokenizer_dir}", "model.train_ds.manifest_filepath=train.json",
                  "model.validation_ds.manifest_filepath=dev.json", "model.optim.sched.name=NoamAnnealing",
-                 "model.optim.sched.warmup_steps=null", "model.optim.sched.warmup_ratio=0.05"]  # fmt: skip
+                 "model.optim.sched.warmup_steps=null", "model.optim.sched.warmup_ratio=0.05",
+                 "model.interctc.loss_weights=[0.3]", "model.interctc.apply_at_layers=[8]"]  # fmt: skip
     with caplog.at_level(logging.INFO, logger="speechtrain.core.nemo_config"):
         cfg = compose_config(CONF, NAME, overrides, SCHEMA)
+    assert cfg.model.interctc == {"loss_weights": [0.3], "apply_at_layers": [8]}  # intermediate CTC at layer 8
     enc = cfg.model.encoder
     assert (enc.num_layers, enc.d_model, enc.num_heads, enc.subsampling, enc.subsampling_factor) == (
         18, 512, 8, "dw_striding", 8)  # fmt: skip
