@@ -21,6 +21,7 @@ mode, it uses running statistics, so batched and per-utterance outputs agree exa
 import contextlib
 import math
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -411,10 +412,15 @@ class ConformerEncoder(torch.nn.Module):
         return x, lengths
 
     def forward_with_layers(
-        self, feats: torch.Tensor, lengths: torch.Tensor, capture: tuple[int, ...]
+        self,
+        feats: torch.Tensor,
+        lengths: torch.Tensor,
+        capture: tuple[int, ...],
+        condition: Callable[[torch.Tensor], torch.Tensor] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
         """:meth:`forward`, and the outputs of the layers ``capture`` (0-based, in that order; padded frames
-        zeroed), e.g. for intermediate CTC losses."""
+        zeroed), e.g. for intermediate CTC losses. ``condition``: what to add to each captured output before the
+        next layer reads it (self-conditioned CTC)."""
         captured: dict[int, torch.Tensor] = {}
         x, lengths = self.subsampling(feats, lengths)
         x = self.dropout(x * self.xscale)
@@ -430,4 +436,6 @@ class ConformerEncoder(torch.nn.Module):
                 x = self._run_layer(layer, x, mask, positions)
             if index in capture:
                 captured[index] = x * mask[:, :, None]
+                if condition is not None:
+                    x = x + condition(captured[index])
         return x * mask[:, :, None], lengths, [captured[index] for index in capture]

@@ -658,10 +658,15 @@ class InterCTCConfig:
     """Intermediate CTC losses (NeMo's ``model.interctc``): the CTC head also reads the output of the encoder layers
     ``apply_at_layers`` (0-based) in training, and the loss is ``(1 - sum(loss_weights)) * final +
     sum(w_i * intermediate_i)``. It regularises the lower layers and shortens the CTC plateau; decoding and
-    validation use the final layer only. Empty lists: off."""
+    validation use the final layer only. Empty lists: off.
+
+    ``self_conditioning`` (not in NeMo; such a model does not export to ``.nemo``): each captured layer's output
+    distribution, projected back to the model width, is added to the layer's output before the next layer reads it
+    (self-conditioned CTC), in training and in inference alike."""
 
     loss_weights: list[float] = field(default_factory=list)
     apply_at_layers: list[int] = field(default_factory=list)
+    self_conditioning: bool = False
 
 
 @dataclass
@@ -715,6 +720,33 @@ class ConformerCTCModel(CTCModel):
         if any(not 0 <= layer < depth for layer in layers) or len(set(layers)) != len(layers):
             raise ConfigError(f"model.interctc.apply_at_layers={layers}: distinct 0-based layer indices below "
                               f"model.encoder.num_layers={depth}.")  # fmt: skip
+        if self.cfg.interctc.self_conditioning and not layers:
+            raise ConfigError("model.interctc.self_conditioning=true needs layers to condition on: set "
+                              "model.interctc.apply_at_layers and loss_weights.")  # fmt: skip
+
+    def configure_model(self) -> None:
+        if self.encoder is not None:
+            return
+        super().configure_model()
+        if self.cfg.interctc.self_conditioning:
+            with seeded(self._init_seed + 300_000):  # the CTC distribution (V+1) back to the model width
+                self.conditioning = torch.nn.Linear(self.decoder.out_features, self.decoder.in_features)
+
+    def _encode(self, audio: torch.Tensor, audio_lens: torch.Tensor, capture: tuple[int, ...]) -> tuple:
+        """Features -> encoder output, lengths and the captured layers' outputs (self-conditioned if asked)."""
+        feats, lengths = self.features(audio, audio_lens)
+        condition = self._condition if self.cfg.interctc.self_conditioning else None
+        return self.encoder.forward_with_layers(feats, lengths, capture, condition)
+
+    def _condition(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Self-conditioning: a captured layer's CTC distribution, projected back to the model width."""
+        return self.conditioning(F.softmax(self.decoder(hidden).float(), dim=-1).to(hidden.dtype))
+
+    def forward(self, audio: torch.Tensor, audio_lens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if not self.cfg.interctc.self_conditioning:
+            return super().forward(audio, audio_lens)
+        x, lengths, _ = self._encode(audio, audio_lens, tuple(self.cfg.interctc.apply_at_layers))
+        return self.log_probs(x), lengths
 
     def forward_step(self, batch: dict[str, Any]) -> tuple:
         """(log_probs, lengths) of a batch; in training with ``interctc``, also the log-probabilities of the
@@ -722,8 +754,7 @@ class ConformerCTCModel(CTCModel):
         layers = tuple(self.cfg.interctc.apply_at_layers)
         if not (layers and self.training):
             return super().forward_step(batch)
-        feats, lengths = self.features(batch["audio"], batch["audio_lens"])
-        x, lengths, captured = self.encoder.forward_with_layers(feats, lengths, layers)
+        x, lengths, captured = self._encode(batch["audio"], batch["audio_lens"], layers)
         return self.log_probs(x), lengths, [self.log_probs(c) for c in captured]
 
     def loss_step(self, batch: dict[str, Any], output: tuple) -> tuple[torch.Tensor, torch.Tensor]:

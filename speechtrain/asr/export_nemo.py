@@ -35,6 +35,7 @@ def nemo_config(cfg: Any, vocabulary: list[str]) -> dict[str, Any]:
     ``nemo:tokenizer.model``, ``nemo:tokenizer.vocab``, ``nemo:vocab.txt``)."""
     pre, enc, sample_rate = cfg["preprocessor"], cfg["encoder"], int(cfg["sample_rate"])
     spec = cfg.get("spec_augment")
+    interctc = cfg.get("interctc") or {}
     return {
         "sample_rate": sample_rate,
         "log_prediction": False,
@@ -103,6 +104,7 @@ def nemo_config(cfg: Any, vocabulary: list[str]) -> dict[str, Any]:
             "num_classes": len(vocabulary),
             "vocabulary": vocabulary,
         },
+        "interctc": {key: list(interctc.get(key) or []) for key in ("loss_weights", "apply_at_layers")},
         "decoding": {"strategy": "greedy"},
         "target": NEMO_CLASS,
     }
@@ -162,6 +164,9 @@ def write_nemo(model: Any, path: str | Path) -> Path:
     if not isinstance(model, ConformerCTCModel):
         raise ValueError(f"{path}: a {name} cannot be exported to .nemo: NeMo has no such model (Conformer-CTC "
                          "models export).")  # fmt: skip
+    if model.cfg.interctc.self_conditioning:
+        raise ValueError(f"{path}: this {name} is self-conditioned (model.interctc.self_conditioning), which NeMo's "
+                         "Conformer-CTC does not compute; export it as a .stm archive.")  # fmt: skip
     if not isinstance(model.tokenizer, SentencePieceTokenizer):
         raise ValueError(f"{path}: this {name} has a {type(model.tokenizer).__name__}; the .nemo export writes "
                          "NeMo's EncDecCTCModelBPE, which needs a sentencepiece tokenizer.")  # fmt: skip

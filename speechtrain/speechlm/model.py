@@ -164,6 +164,10 @@ def prepare_salm_config(model_cfg: Any) -> None:
         stored = archive.config
         if "encoder" not in stored or "preprocessor" not in stored:
             raise ValueError(f"model.perception.asr_model={asr}: not an ASR model archive (no encoder/preprocessor).")
+        if (stored.get("interctc") or {}).get("self_conditioning"):
+            raise ValueError(f"model.perception.asr_model={asr}: a self-conditioned CTC model (interctc."
+                             "self_conditioning): its encoder needs its CTC head between layers, which the perception "
+                             "does not run; use an ASR model trained without it.")  # fmt: skip
         if model_cfg.perception.compression == "ctc":
             model_cfg.perception.ctc_vocab = int(archive.state_dict["decoder.weight"].shape[0])
         model_cfg.perception.preprocessor = OmegaConf.merge(model_cfg.perception.preprocessor, stored["preprocessor"])

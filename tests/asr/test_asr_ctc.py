@@ -131,6 +131,41 @@ def test_intermediate_ctc_weights_the_captured_layers_losses_like_nemo(dtmf_mani
     assert len(model.forward_step(batch)) == 2  # validation: the final layer alone
 
 
+def test_self_conditioned_ctc_feeds_the_captured_layers_distribution_forward_in_training_and_inference(
+    tmp_path, dtmf_manifest
+):
+    """interctc.self_conditioning: layer i's CTC distribution, projected back, is added before layer i+1 reads it,
+    in the forward of training, evaluation and the archive alike; with a zero projection it is the plain model."""
+    torch.manual_seed(0)
+    encoder = {**_config()["encoder"], "num_layers": 2, "conv_norm_type": "layer_norm"}  # train == eval numbers
+    interctc = {"loss_weights": [0.3], "apply_at_layers": [0], "self_conditioning": True}
+    model = ConformerCTCModel(_config(encoder=encoder, interctc=interctc))
+    plain = ConformerCTCModel(_config(encoder=encoder))
+    batch = _batch(dtmf_manifest, model)
+    model.configure_model()
+    plain.configure_model()
+    plain.load_state_dict({k: v for k, v in model.state_dict().items() if not k.startswith("conditioning.")})
+    model.train()
+    trained, lengths, (first,) = model.forward_step(batch)
+    model.eval()
+    with torch.no_grad():
+        evaluated, _ = model(batch["audio"], batch["audio_lens"])
+        unconditioned, _ = plain.eval()(batch["audio"], batch["audio_lens"])
+    torch.testing.assert_close(trained.detach(), evaluated)
+    assert not torch.allclose(evaluated, unconditioned, atol=1e-3)
+    model.save_to(tmp_path / "model.stm")
+    restored = SpeechModel.restore_from(tmp_path / "model.stm").eval()
+    with torch.no_grad():
+        torch.testing.assert_close(restored(batch["audio"], batch["audio_lens"])[0], evaluated)
+        model.conditioning.weight.zero_()
+        model.conditioning.bias.zero_()
+        torch.testing.assert_close(model(batch["audio"], batch["audio_lens"])[0], unconditioned)
+    with pytest.raises(ValueError, match="self-conditioned"):
+        model.save_to(tmp_path / "model.nemo")
+    with pytest.raises(ValueError, match="needs layers to condition on"):
+        ConformerCTCModel(_config(interctc={"self_conditioning": True}))
+
+
 @pytest.mark.parametrize(
     ("interctc", "message"),
     [({"loss_weights": [0.3], "apply_at_layers": []}, "same length"),

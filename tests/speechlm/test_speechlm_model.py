@@ -205,6 +205,14 @@ def test_llm_and_encoder_from_hf_folder_and_asr_archive(tokenizer_file, tmp_path
     audio = torch.randn(2, 8000)
     frames, lens = model.perception(audio, torch.tensor([8000, 5000]))
     assert frames.shape[-1] == 32 and bool((lens >= 1).all())  # compressed: one frame per non-blank label run
+    # A self-conditioned CTC model's encoder needs its CTC head between layers: refused by name, never run without.
+    conditioned = ConformerCTCModel({**asr.cfg, "interctc": {"loss_weights": [0.3], "apply_at_layers": [0],
+                                                             "self_conditioning": True}})  # fmt: skip
+    conditioned.configure_model()
+    conditioned.save_to(tmp_path / "conditioned.stm")
+    cfg.perception.asr_model = str(tmp_path / "conditioned.stm")
+    with pytest.raises(ValueError, match="self-conditioned CTC model"):
+        prepare_salm_config(cfg)
 
 
 def test_jsonl_conversations_with_two_audios(tokenizer_file, dtmf_manifest, tmp_path):
