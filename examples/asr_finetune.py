@@ -45,7 +45,8 @@ def finetune_model(
     model = type(base)(cfg)
     exclude = list(exclude or [])
     if new_tokenizer or model.tokenizer.vocab_size != base.tokenizer.vocab_size:
-        exclude += ["decoder", "prediction", "joint"]  # a transducer's prediction and joint networks go too
+        # the CTC head's self-conditioning projection and a transducer's prediction and joint networks go too
+        exclude += ["decoder", "conditioning", "prediction", "joint"]
         logger.warning(
             "New tokenizer (%d -> %d tokens): the CTC decoder is re-initialised; the encoder is kept.",
             base.tokenizer.vocab_size, model.tokenizer.vocab_size,
