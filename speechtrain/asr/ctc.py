@@ -719,7 +719,9 @@ class ConformerCTCModel(CTCModel):
                               "layer's CTC loss gets 1 - sum).")  # fmt: skip
         if any(not 0 <= layer < depth for layer in layers) or len(set(layers)) != len(layers):
             raise ConfigError(f"model.interctc.apply_at_layers={layers}: distinct 0-based layer indices below "
-                              f"model.encoder.num_layers={depth}.")  # fmt: skip
+                              f"model.encoder.num_layers={depth}. Choose layers of this encoder, or turn "
+                              "intermediate CTC off: model.interctc.apply_at_layers=[] model.interctc.loss_weights=[] "
+                              "model.interctc.self_conditioning=false.")  # fmt: skip
         if self.cfg.interctc.self_conditioning and not layers:
             raise ConfigError("model.interctc.self_conditioning=true needs layers to condition on: set "
                               "model.interctc.apply_at_layers and loss_weights.")  # fmt: skip

@@ -35,7 +35,7 @@ def test_the_published_fast_conformer_yaml_composes_translates_and_builds_on_met
                  "model.interctc.loss_weights=[0.3]", "model.interctc.apply_at_layers=[8]"]  # fmt: skip
     with caplog.at_level(logging.INFO, logger="speechtrain.core.nemo_config"):
         cfg = compose_config(CONF, NAME, overrides, SCHEMA)
-    assert cfg.model.interctc == {"loss_weights": [0.3], "apply_at_layers": [8]}  # intermediate CTC at layer 8
+    assert (cfg.model.interctc.loss_weights, cfg.model.interctc.apply_at_layers) == ([0.3], [8])  # at layer 8
     enc = cfg.model.encoder
     assert (enc.num_layers, enc.d_model, enc.num_heads, enc.subsampling, enc.subsampling_factor) == (
         18, 512, 8, "dw_striding", 8)  # fmt: skip
