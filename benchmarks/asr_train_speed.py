@@ -34,8 +34,9 @@ def train_speed(size: str, devices: int, steps: int, precision: str) -> float:
         ]  # fmt: skip
         overrides.append(f"model.size={size}")
         if size == "debug":  # 2 layers: too shallow for the demo's intermediate CTC taps (layers 2 and 5)
-            overrides += ["model.interctc.apply_at_layers=[]", "model.interctc.loss_weights=[]",
-                          "model.interctc.self_conditioning=false"]  # fmt: skip
+            from speechtrain.asr.ctc import INTERCTC_OFF
+
+            overrides += INTERCTC_OFF
         env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE"}
         command = [sys.executable, str(ROOT / "examples" / "asr_train.py"), *overrides]
         result = subprocess.run(command, env=env, capture_output=True, text=True, check=False)

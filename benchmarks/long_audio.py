@@ -24,6 +24,7 @@ import soundfile as sf
 import torch
 
 from speechtrain.asr import metrics
+from speechtrain.asr.ctc import INTERCTC_OFF
 from speechtrain.asr.transcribe import transcribe_paths
 from speechtrain.data.synthetic import make_dtmf_corpus
 
@@ -76,8 +77,7 @@ def train_dtmf_model(folder: Path, seconds: float) -> Path:
         "trainer.enable_progress_bar=false", "trainer.num_sanity_val_steps=0", f"model.tokenizer.path={tokenizer}",
         f"model.train_ds.manifest_filepath={train}", f"model.validation_ds.manifest_filepath={dev}",
         "model.encoder.d_model=64", "model.encoder.num_layers=2", "model.encoder.num_heads=2",
-        "model.interctc.apply_at_layers=[]", "model.interctc.loss_weights=[]",
-        "model.interctc.self_conditioning=false",
+        *INTERCTC_OFF,
         "model.encoder.conv_kernel_size=15", "model.encoder.subsampling_conv_channels=32",
         "model.encoder.subsampling_factor=4", "model.preprocessor.n_mels=40", "model.decoding.strategy=greedy",
         "model.train_ds.batch_duration=120", "model.train_ds.max_duration=30", "model.train_ds.num_workers=1",

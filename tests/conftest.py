@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 
+from speechtrain.asr.ctc import INTERCTC_OFF
 from speechtrain.data.synthetic import make_dtmf_corpus
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
@@ -81,9 +82,7 @@ def example_overrides(tmp_path, manifest):
         f"model.validation_ds.manifest_filepath={manifest}",
         "model.encoder.d_model=16",
         "model.encoder.num_layers=1",
-        "model.interctc.apply_at_layers=[]",  # the demo's taps (layers 2 and 5) need a deeper encoder
-        "model.interctc.loss_weights=[]",
-        "model.interctc.self_conditioning=false",
+        *INTERCTC_OFF,  # the demo's intermediate CTC taps (layers 2 and 5) need a deeper encoder
         "model.encoder.num_heads=2",
         "model.encoder.conv_kernel_size=3",
         "model.encoder.subsampling_conv_channels=8",

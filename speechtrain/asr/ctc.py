@@ -653,6 +653,11 @@ MODEL_SIZES: dict[str, dict[str, Any]] = {
 }  # fmt: skip
 
 
+# Command-line overrides that turn intermediate CTC off (e.g. for an encoder too shallow for the demo's taps).
+INTERCTC_OFF = ("model.interctc.apply_at_layers=[]", "model.interctc.loss_weights=[]",
+                "model.interctc.self_conditioning=false")  # fmt: skip
+
+
 @dataclass
 class InterCTCConfig:
     """Intermediate CTC losses (NeMo's ``model.interctc``): the CTC head also reads the output of the encoder layers
@@ -720,8 +725,7 @@ class ConformerCTCModel(CTCModel):
         if any(not 0 <= layer < depth for layer in layers) or len(set(layers)) != len(layers):
             raise ConfigError(f"model.interctc.apply_at_layers={layers}: distinct 0-based layer indices below "
                               f"model.encoder.num_layers={depth}. Choose layers of this encoder, or turn "
-                              "intermediate CTC off: model.interctc.apply_at_layers=[] model.interctc.loss_weights=[] "
-                              "model.interctc.self_conditioning=false.")  # fmt: skip
+                              f"intermediate CTC off: {' '.join(INTERCTC_OFF)}.")  # fmt: skip
         if self.cfg.interctc.self_conditioning and not layers:
             raise ConfigError("model.interctc.self_conditioning=true needs layers to condition on: set "
                               "model.interctc.apply_at_layers and loss_weights.")  # fmt: skip
@@ -745,9 +749,10 @@ class ConformerCTCModel(CTCModel):
         return self.conditioning(F.softmax(self.decoder(hidden).float(), dim=-1).to(hidden.dtype))
 
     def forward(self, audio: torch.Tensor, audio_lens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        if not self.cfg.interctc.self_conditioning:
-            return super().forward(audio, audio_lens)
-        x, lengths, _ = self._encode(audio, audio_lens, tuple(self.cfg.interctc.apply_at_layers))
+        """:meth:`CTCModel.forward`; a self-conditioned model runs its tapped layers' conditioning too."""
+        interctc = self.cfg.interctc
+        capture = tuple(interctc.apply_at_layers) if interctc.self_conditioning else ()
+        x, lengths, _ = self._encode(audio, audio_lens, capture)
         return self.log_probs(x), lengths
 
     def forward_step(self, batch: dict[str, Any]) -> tuple:

@@ -226,7 +226,7 @@ class ConformerTransducerModel(ConformerCTCModel):
 
     def ctc_log_probs(self, enc: torch.Tensor) -> torch.Tensor:
         """(B, F', V+1) fp32 log-probabilities of the hybrid model's CTC head."""
-        return F.log_softmax(self.decoder(enc).float(), dim=-1)
+        return self.log_probs(enc)
 
     # -------------------------------------------------------------------------------------------------- loss
     def _joint_terms(

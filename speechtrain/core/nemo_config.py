@@ -352,6 +352,9 @@ def translate_nemo_config(cfg: Mapping[str, Any] | DictConfig) -> dict[str, Any]
     return t.out
 
 
+_INTERCTC = {key: ("map", key, lambda value: list(value or [])) for key in ("loss_weights", "apply_at_layers")}
+
+
 def _model(t: _Translator, model: Mapping[str, Any]) -> None:
     handled = {"preprocessor", "spec_augment", "encoder", "decoder", "tokenizer", "optim", "interctc", "train_ds",
                "validation_ds", "test_ds"}  # fmt: skip
@@ -379,13 +382,7 @@ def _model(t: _Translator, model: Mapping[str, Any]) -> None:
         _check_encoder(t, encoder, model.get("preprocessor") or {})
     t.module(model.get("decoder"), "decoder", _DECODER, "model.decoder")
     _tokenizer(t, model.get("tokenizer"))
-    interctc = model.get("interctc") or {}
-    for key, value in interctc.items():
-        if key in ("loss_weights", "apply_at_layers"):
-            t.set(f"model.interctc.{key}", list(value or []))
-            t.lines.append(f"nemo: model.interctc.{key}={_show(value)} -> model.interctc.{key}")
-        else:
-            t.refuse(f"model.interctc.{key}", value, "no speechtrain equivalent (unknown key)")
+    t.apply(model.get("interctc") or {}, _INTERCTC, "model.interctc", "model.interctc")
     optim = dict(model.get("optim") or {})
     sched = optim.pop("sched", None)
     t.apply(optim, _OPTIM, "model.optim", "model")
