@@ -47,7 +47,7 @@ salm-demo: install
 	if [ -z "$$ASR" ]; then \
 		OMP_WAIT_POLICY=PASSIVE $(BIN)/python examples/asr_train.py trainer.devices=2 model.train_ds.batch_duration=30 \
 			trainer.max_time=00:00:16:00 name=salm_asr model.train_ds.manifest_filepath=builtin:espeak/train \
-			model.interctc.self_conditioning=false \
+			model.interctc.self_conditioning=false model.encoder.time_reduce_idx=-1 model.encoder.time_recovery_idx=-1 \
 			'model.validation_ds.manifest_filepath=[builtin:espeak/dev,builtin:espeak/test]'; \
 		ASR=$$(ls -t speechtrain_experiments/salm_asr/*/salm_asr.stm | head -1); \
 	fi; \

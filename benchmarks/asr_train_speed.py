@@ -33,10 +33,10 @@ def train_speed(size: str, devices: int, steps: int, precision: str) -> float:
             "trainer.log_every_n_steps=1",
         ]  # fmt: skip
         overrides.append(f"model.size={size}")
-        if size == "debug":  # 2 layers: too shallow for the demo's intermediate CTC taps (layers 2 and 5)
-            from speechtrain.asr.ctc import INTERCTC_OFF
+        if size == "debug":  # 2 layers: too shallow for the demo's intermediate CTC taps and half-rate layers
+            from speechtrain.asr.ctc import INTERCTC_OFF, UNET_OFF
 
-            overrides += INTERCTC_OFF
+            overrides += [*INTERCTC_OFF, *UNET_OFF]
         env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE"}
         command = [sys.executable, str(ROOT / "examples" / "asr_train.py"), *overrides]
         result = subprocess.run(command, env=env, capture_output=True, text=True, check=False)

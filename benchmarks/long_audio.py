@@ -24,7 +24,7 @@ import soundfile as sf
 import torch
 
 from speechtrain.asr import metrics
-from speechtrain.asr.ctc import INTERCTC_OFF
+from speechtrain.asr.ctc import INTERCTC_OFF, UNET_OFF
 from speechtrain.asr.transcribe import transcribe_paths
 from speechtrain.data.synthetic import make_dtmf_corpus
 
@@ -78,6 +78,7 @@ def train_dtmf_model(folder: Path, seconds: float) -> Path:
         f"model.train_ds.manifest_filepath={train}", f"model.validation_ds.manifest_filepath={dev}",
         "model.encoder.d_model=64", "model.encoder.num_layers=2", "model.encoder.num_heads=2",
         *INTERCTC_OFF,
+        *UNET_OFF,
         "model.encoder.conv_kernel_size=15", "model.encoder.subsampling_conv_channels=32",
         "model.encoder.subsampling_factor=4", "model.preprocessor.n_mels=40", "model.decoding.strategy=greedy",
         "model.train_ds.batch_duration=120", "model.train_ds.max_duration=30", "model.train_ds.num_workers=1",

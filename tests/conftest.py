@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from speechtrain.asr.ctc import INTERCTC_OFF
+from speechtrain.asr.ctc import INTERCTC_OFF, UNET_OFF
 from speechtrain.data.synthetic import make_dtmf_corpus
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
@@ -83,6 +83,7 @@ def example_overrides(tmp_path, manifest):
         "model.encoder.d_model=16",
         "model.encoder.num_layers=1",
         *INTERCTC_OFF,  # the demo's intermediate CTC taps (layers 2 and 5) need a deeper encoder
+        *UNET_OFF,  # and so do its half-rate layers (2 to 6)
         "model.encoder.num_heads=2",
         "model.encoder.conv_kernel_size=3",
         "model.encoder.subsampling_conv_channels=8",

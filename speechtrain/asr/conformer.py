@@ -9,6 +9,9 @@ depthwise-separable ones, 8x by default), then ``num_layers`` Conformer layers::
     x = x + 1/2 FF(LN(x))
     x = LN(x)
 
+Optionally (``time_reduce_idx`` / ``time_recovery_idx``, Squeezeformer's temporal U-Net), a span of middle layers runs
+on half the frames and the output comes back at the subsampling's frame rate.
+
 Tensor parallelism: attention heads, feed-forward hidden units and the convolution module's pointwise layers are
 split over the TP ranks (the blocks of :mod:`speechtrain.nn`); subsampling, norms and the depthwise convolution are
 replicated. Every weight is drawn from its own seeded stream, so TP=2 holds the same model as TP=1.
@@ -59,6 +62,12 @@ class ConformerConfig:
             pass (about a third more compute for a fraction of the activation memory; dropout masks are redrawn
             identically, the model-parallel RNG streams included).
         compile: ``torch.compile`` each Conformer layer (the first steps pay the compilation).
+        time_reduce_idx: Squeezeformer's temporal U-Net (Kim et al. 2022; NeMo's Squeezeformer key): layers
+            ``time_reduce_idx`` to ``time_recovery_idx - 1`` run on half the frames (a stride-2 depthwise-separable
+            convolution before them; after them, each frame repeated twice, projected and added to the activation
+            they started from), so the encoder's output keeps the subsampling's frame rate at about
+            ``(num_layers - span / 2) / num_layers`` of the layers' compute. -1: off.
+        time_recovery_idx: the first layer back at the full frame rate (``time_reduce_idx`` < it <= ``num_layers``).
     """
 
     d_model: int = 176
@@ -76,6 +85,20 @@ class ConformerConfig:
     untie_biases: bool = True
     activation_checkpointing: bool = False
     compile: bool = False
+    time_reduce_idx: int = -1
+    time_recovery_idx: int = -1
+
+    def reduced_layers(self) -> range:
+        """The layers that run on half the frames (empty without a temporal U-Net)."""
+        if self.time_reduce_idx < 0 and self.time_recovery_idx < 0:
+            return range(0)
+        if not 0 <= self.time_reduce_idx < self.time_recovery_idx <= self.num_layers:
+            raise ValueError(
+                f"encoder.time_reduce_idx={self.time_reduce_idx} and time_recovery_idx={self.time_recovery_idx}: "
+                f"need 0 <= time_reduce_idx < time_recovery_idx <= num_layers={self.num_layers} (layers "
+                "time_reduce_idx .. time_recovery_idx - 1 run on half the frames), or both -1 (off)."
+            )
+        return range(self.time_reduce_idx, self.time_recovery_idx)
 
 
 def frame_mask(lengths: torch.Tensor, frames: int) -> torch.Tensor:
@@ -285,6 +308,22 @@ class ConvolutionModule(torch.nn.Module):
         return self.dropout(self.pointwise_out(x))
 
 
+class TimeReduction(torch.nn.Module):
+    """Halve the frame rate: a kernel-3, stride-2 depthwise convolution (zeros past each utterance's end, so valid
+    outputs are as if unpadded), then a pointwise projection; (B, T, D) -> (B, ceil(T / 2), D)."""
+
+    def __init__(self, d_model: int) -> None:
+        super().__init__()
+        self.depthwise = torch.nn.Conv1d(d_model, d_model, 3, stride=2, padding=1, groups=d_model)
+        self.pointwise = torch.nn.Linear(d_model, d_model)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        x = (x * mask[:, :, None]).unsqueeze(2).permute(0, 3, 1, 2)  # (B, D, T, 1) on channels-last memory
+        weight = self.depthwise.weight.unsqueeze(-1)  # as in ConvolutionModule: oneDNN's fast depthwise kernel
+        x = F.conv2d(x, weight, self.depthwise.bias, stride=(2, 1), padding=(1, 0), groups=x.shape[1])
+        return self.pointwise(x.squeeze(-1).transpose(1, 2))
+
+
 class ConformerLayer(torch.nn.Module):
     """One macaron Conformer layer (see the module docstring)."""
 
@@ -371,8 +410,17 @@ def conformer_forward_flops(cfg: ConformerConfig, n_mels: int, frames: torch.Ten
     per_frame = 2 * (2 * d * ff) * 2  # two half-step feed-forward modules
     per_frame += 2 * 4 * d * d + 2 * 2 * d * d  # q, k, v, out; positional projection (2n positions)
     per_frame += 2 * (2 * d * d + d * k + d * d)  # convolution module: pointwise in (2d), depthwise, pointwise out
-    attention = 2 * 4 * d * (n * n).sum()  # content and positional scores (2n positions), weighted values
-    return total + cfg.num_layers * (per_frame * n.sum() + attention)
+    reduced = len(cfg.reduced_layers())
+    half = _conv_out_length(n)  # the temporal U-Net's frames
+
+    def layers(count: int, n: torch.Tensor) -> torch.Tensor:
+        attention = 2 * 4 * d * (n * n).sum()  # content and positional scores (2n positions), weighted values
+        return count * (per_frame * n.sum() + attention)
+
+    total = total + layers(cfg.num_layers - reduced, n) + layers(reduced, half)
+    if reduced:
+        total = total + 2 * half.sum() * (3 * d + 2 * d * d)  # its depthwise and pointwise, the recovery projection
+    return total
 
 
 class ConformerEncoder(torch.nn.Module):
@@ -401,6 +449,11 @@ class ConformerEncoder(torch.nn.Module):
                     del layer.attention._parameters[name]
                     object.__setattr__(layer.attention, name, getattr(layers[0].attention, name))
         self.layers = torch.nn.ModuleList(layers)
+        self.reduced = cfg.reduced_layers()
+        if self.reduced:
+            with seeded(seed + 1 + cfg.num_layers):
+                self.time_reduction = TimeReduction(cfg.d_model)
+                self.time_recovery = torch.nn.Linear(cfg.d_model, cfg.d_model)
         self.dropout = Dropout(cfg.dropout)
         self.subsampling_factor = cfg.subsampling_factor
         self.xscale = math.sqrt(cfg.d_model) if cfg.xscaling else 1.0
@@ -425,9 +478,17 @@ class ConformerEncoder(torch.nn.Module):
         x, lengths = self.subsampling(feats, lengths)
         x = self.dropout(x * self.xscale)
         mask = frame_mask(lengths, x.shape[1])
-        positions = relative_positions(x.shape[1], x.shape[2], x.device)  # once for all layers
+        positions = relative_positions(x.shape[1], x.shape[2], x.device)  # once for all layers (of a frame rate)
+        full = mask  # the output's frame mask
         recompute = self.activation_checkpointing and self.training and torch.is_grad_enabled()
         for index, layer in enumerate(self.layers):
+            if self.reduced and index == self.reduced.start:
+                skip, full_positions = x, positions
+                x = self.time_reduction(x, mask)
+                mask = frame_mask(_conv_out_length(lengths), x.shape[1])
+                positions = relative_positions(x.shape[1], x.shape[2], x.device)
+            if self.reduced and index == self.reduced.stop:
+                x, mask, positions = self._recover(x, skip), full, full_positions
             if recompute:
                 x = torch.utils.checkpoint.checkpoint(
                     self._run_layer, layer, x, mask, positions, use_reentrant=False, context_fn=_checkpoint_contexts
@@ -435,7 +496,22 @@ class ConformerEncoder(torch.nn.Module):
             else:
                 x = self._run_layer(layer, x, mask, positions)
             if index in capture:
-                captured[index] = x * mask[:, :, None]
+                hidden = x * mask[:, :, None]
                 if condition is not None:
-                    x = x + condition(captured[index])
-        return x * mask[:, :, None], lengths, [captured[index] for index in capture]
+                    x = x + condition(hidden)
+                # On half the frames, each frame twice: every captured output has the encoder output's frames.
+                captured[index] = hidden if index not in self.reduced else self._upsample(hidden, full)
+        if self.reduced and self.reduced.stop == len(self.layers):
+            x = self._recover(x, skip)
+        return x * full[:, :, None], lengths, [captured[index] for index in capture]
+
+    @staticmethod
+    def _upsample(x: torch.Tensor, full: torch.Tensor) -> torch.Tensor:
+        """Half-rate frames (B, T', D) back to the (B, T) frames of ``full``, each repeated twice, padding zeroed
+        (frame t reads half-rate frame t // 2, which is valid wherever t is)."""
+        return x.repeat_interleave(2, dim=1)[:, : full.shape[1]] * full[:, :, None]
+
+    def _recover(self, x: torch.Tensor, skip: torch.Tensor) -> torch.Tensor:
+        """The end of the temporal U-Net: the half-rate activation, each frame repeated twice and projected, added
+        to the full-rate one it started from."""
+        return skip + self.time_recovery(x).repeat_interleave(2, dim=1)[:, : skip.shape[1]]

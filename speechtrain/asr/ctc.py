@@ -656,6 +656,8 @@ MODEL_SIZES: dict[str, dict[str, Any]] = {
 # Command-line overrides that turn intermediate CTC off (e.g. for an encoder too shallow for the demo's taps).
 INTERCTC_OFF = ("model.interctc.apply_at_layers=[]", "model.interctc.loss_weights=[]",
                 "model.interctc.self_conditioning=false")  # fmt: skip
+# ... and the temporal U-Net off (for an encoder too shallow for the demo's span of half-rate layers).
+UNET_OFF = ("model.encoder.time_reduce_idx=-1", "model.encoder.time_recovery_idx=-1")
 
 
 @dataclass
@@ -729,6 +731,10 @@ class ConformerCTCModel(CTCModel):
         if self.cfg.interctc.self_conditioning and not layers:
             raise ConfigError("model.interctc.self_conditioning=true needs layers to condition on: set "
                               "model.interctc.apply_at_layers and loss_weights.")  # fmt: skip
+        try:
+            OmegaConf.to_object(self.cfg.encoder).reduced_layers()
+        except ValueError as error:
+            raise ConfigError(f"model.{error} Turn it off with {' '.join(UNET_OFF)}.") from None
 
     def configure_model(self) -> None:
         if self.encoder is not None:

@@ -167,6 +167,10 @@ def write_nemo(model: Any, path: str | Path) -> Path:
     if model.cfg.interctc.self_conditioning:
         raise ValueError(f"{path}: this {name} is self-conditioned (model.interctc.self_conditioning), which NeMo's "
                          "Conformer-CTC does not compute; export it as a .stm archive.")  # fmt: skip
+    if model.cfg.encoder.time_reduce_idx >= 0:
+        raise ValueError(f"{path}: this {name}'s encoder runs layers on half the frames (model.encoder."
+                         "time_reduce_idx), which NeMo's Conformer encoder does not; export it as a .stm "
+                         "archive.")  # fmt: skip
     if not isinstance(model.tokenizer, SentencePieceTokenizer):
         raise ValueError(f"{path}: this {name} has a {type(model.tokenizer).__name__}; the .nemo export writes "
                          "NeMo's EncDecCTCModelBPE, which needs a sentencepiece tokenizer.")  # fmt: skip

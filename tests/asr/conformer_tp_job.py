@@ -1,6 +1,7 @@
-"""Forward and backward of a small Conformer encoder (its output and layer 0's) under a tensor-parallel size;
-launched by test_asr_conformer.py with torchrun (TP=2, gloo) or as one plain process (the reference). Rank 0 writes
-``<out>`` with the outputs, the gradient of the input features and the full gradients of every parameter."""
+"""Forward and backward of a small Conformer encoder (its output, layer 0's and layer 1's, on half the frames)
+under a tensor-parallel size; launched by test_asr_conformer.py with torchrun (TP=2, gloo) or as one plain process
+(the reference). Rank 0 writes ``<out>`` with the outputs, the gradient of the input features and the full
+gradients of every parameter."""
 
 import argparse
 import os
@@ -27,17 +28,18 @@ def main() -> None:
         mpu.initialize_model_parallel(tensor_model_parallel_size=world)
     cfg = ConformerConfig(d_model=32, num_layers=2, num_heads=4, conv_kernel_size=5, subsampling=args.subsampling,
                           subsampling_factor=8 if args.subsampling == "dw_striding" else 4,
-                          subsampling_conv_channels=16, dropout=0.0, dropout_att=0.0)  # fmt: skip
+                          subsampling_conv_channels=16, dropout=0.0, dropout_att=0.0, time_reduce_idx=1,
+                          time_recovery_idx=2)  # fmt: skip
     encoder = ConformerEncoder(cfg, n_mels=20, seed=7)
     generator = torch.Generator().manual_seed(3)
     feats = torch.randn(3, 20, 90, generator=generator).requires_grad_()
     lengths = torch.tensor([90, 61, 33])
-    # Layer 0's output is captured too (intermediate CTC's input) and takes part in the loss: under TP it must be
-    # the full hidden state.
-    out, out_lengths, (first,) = encoder.forward_with_layers(feats, lengths, (0,))
+    # Layer 1 runs on half the frames (the temporal U-Net). Layers 0 and 1 are captured too (intermediate CTC's
+    # input) and take part in the loss: under TP they must be the full hidden states.
+    out, out_lengths, (first, second) = encoder.forward_with_layers(feats, lengths, (0, 1))
     weights = torch.randn(out.shape, generator=generator)
     first_weights = torch.randn(first.shape, generator=generator)
-    ((out * weights).sum() + (first * first_weights).sum()).backward()
+    ((out * weights).sum() + (first * first_weights).sum() + (second * first_weights).sum()).backward()
     grads = {name: p.grad for name, p in encoder.named_parameters()}
     full_grads = {}
     for name, param in encoder.named_parameters():
@@ -50,8 +52,8 @@ def main() -> None:
     del grads
     state = gather_full_state_dict(encoder)
     if int(os.environ.get("RANK", "0")) == 0:
-        torch.save({"out": out.detach(), "first": first.detach(), "lengths": out_lengths, "feat_grad": feats.grad,
-                    "grads": full_grads, "weights": state}, args.out)  # fmt: skip
+        torch.save({"out": out.detach(), "first": first.detach(), "second": second.detach(), "lengths": out_lengths,
+                    "feat_grad": feats.grad, "grads": full_grads, "weights": state}, args.out)  # fmt: skip
     if world > 1:
         dist.destroy_process_group()
 

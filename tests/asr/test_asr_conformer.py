@@ -13,10 +13,11 @@ from speechtrain.asr.spec_augment import SpecAugment, SpecAugmentConfig
 JOB = Path(__file__).with_name("conformer_tp_job.py")
 
 
-def _encoder(subsampling, factor, norm="batch_norm"):
-    cfg = ConformerConfig(d_model=32, num_layers=2, num_heads=4, conv_kernel_size=5, subsampling=subsampling,
+def _encoder(subsampling, factor, norm="batch_norm", unet=(-1, -1), layers=2):
+    cfg = ConformerConfig(d_model=32, num_layers=layers, num_heads=4, conv_kernel_size=5, subsampling=subsampling,
                           subsampling_factor=factor, subsampling_conv_channels=16, conv_norm_type=norm,
-                          dropout=0.0, dropout_att=0.0)  # fmt: skip
+                          dropout=0.0, dropout_att=0.0, time_reduce_idx=unet[0],
+                          time_recovery_idx=unet[1])  # fmt: skip
     return ConformerEncoder(cfg, n_mels=20, seed=1)
 
 
@@ -33,11 +34,15 @@ def test_output_shapes_and_lengths(subsampling, factor):
     assert torch.all(out[1, out_lengths[1] :] == 0)
 
 
-@pytest.mark.parametrize(("subsampling", "factor"), [("striding", 4), ("dw_striding", 8)])
+@pytest.mark.parametrize(
+    ("subsampling", "factor", "unet"),
+    [("striding", 4, (-1, -1)), ("dw_striding", 8, (-1, -1)), ("striding", 4, (1, 2)), ("striding", 4, (0, 1))],
+)
 @pytest.mark.parametrize("norm", ["batch_norm", "layer_norm"])
-def test_padding_never_changes_valid_outputs(subsampling, factor, norm):
+def test_padding_never_changes_valid_outputs(subsampling, factor, unet, norm):
+    """Also with the temporal U-Net (layers on half the frames): ending inside the encoder or at its end."""
     torch.manual_seed(0)
-    encoder = _encoder(subsampling, factor, norm)
+    encoder = _encoder(subsampling, factor, norm, unet)
     encoder.train()
     encoder(torch.randn(4, 20, 80), torch.tensor([80, 70, 50, 20]))  # give batch norm some running statistics
     encoder.eval()
@@ -52,6 +57,24 @@ def test_padding_never_changes_valid_outputs(subsampling, factor, norm):
             alone, n = encoder(f[None], torch.tensor([f.shape[1]]))
             assert int(n) == int(out_lengths[i])
             torch.testing.assert_close(out[i, : int(n)], alone[0], atol=1e-5, rtol=1e-5)
+
+
+def test_temporal_unet_halves_the_middle_layers_frames_and_keeps_the_output_rate():
+    """time_reduce_idx / time_recovery_idx: the layers between run on ceil(T / 2) frames, the output (and a captured
+    layer's output, each half-rate frame twice) has the subsampling's frames; out-of-range indices are refused."""
+    torch.manual_seed(0)
+    encoder = _encoder("striding", 4, unet=(1, 3), layers=4).eval()
+    seen = []
+    for layer in encoder.layers:
+        layer.register_forward_hook(lambda module, args, out: seen.append(out.shape[1]))
+    lengths = torch.tensor([101, 64])
+    with torch.no_grad():
+        out, out_lengths, (mid,) = encoder.forward_with_layers(torch.randn(2, 20, 101), lengths, (2,))
+    assert seen == [26, 13, 13, 26] and out.shape[1] == mid.shape[1] == 26 and out_lengths.tolist() == [26, 16]
+    assert torch.equal(mid[:, 0::2][:, :13], mid[:, 1::2][:, :13]) and torch.all(mid[1, 16:] == 0)
+    for bad in ((2, 2), (3, 5), (-1, 2)):
+        with pytest.raises(ValueError, match="time_reduce_idx"):
+            _encoder("striding", 4, unet=bad, layers=4)
 
 
 def test_masked_batch_norm_uses_valid_frames_only():
@@ -109,7 +132,8 @@ def test_tensor_parallel_encoder_equals_single_process(tmp_path, subsampling):
     assert torch.equal(a["lengths"], b["lengths"])
     torch.testing.assert_close(b["out"], a["out"], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(b["first"], a["first"], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(b["second"], a["second"], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(b["feat_grad"], a["feat_grad"], atol=1e-5, rtol=1e-5)
     for name, grad in a["grads"].items():
         # Relative to the gradient's norm: some are zero up to rounding (a bias followed by batch norm).
-        assert (b["grads"][name] - grad).norm() <= 1e-4 * grad.norm() + 5e-4, name
+        assert (b["grads"][name] - grad).norm() <= 1e-4 * grad.norm() + 1e-3, name

@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from omegaconf import OmegaConf
 
 from speechtrain.asr.ctc import MODEL_SIZES, ConformerCTCModel, validation_set_name
+from speechtrain.common.config import ConfigError
 from speechtrain.common.tokenizers import CharTokenizer, train_sentencepiece
 from speechtrain.core.model import SpeechModel, check_validation_schedule
 from speechtrain.data.cut_datasets import AsrCutDataset
@@ -175,6 +176,32 @@ def test_self_conditioned_ctc_feeds_the_captured_layers_distribution_forward_in_
 def test_intermediate_ctc_settings_that_cannot_work_are_refused_by_name(interctc, message):
     with pytest.raises(ValueError, match=message):
         ConformerCTCModel(_config(interctc=interctc))
+
+
+def test_temporal_unet_with_self_conditioned_taps_on_half_rate_layers_trains_and_round_trips(tmp_path, dtmf_manifest):
+    """The demo's shape in small: a tap inside the half-rate span gets the encoder output's frames (each half-rate
+    frame twice), the loss reaches the U-Net's own weights, and the archive restores the same outputs; a span the
+    encoder cannot hold is refused with the overrides that turn it off."""
+    torch.manual_seed(0)
+    encoder = {**_config()["encoder"], "num_layers": 3, "time_reduce_idx": 1, "time_recovery_idx": 3}
+    interctc = {"loss_weights": [0.3], "apply_at_layers": [1], "self_conditioning": True}
+    model = ConformerCTCModel(_config(encoder=encoder, interctc=interctc))
+    batch = _batch(dtmf_manifest, model)
+    model.train()
+    log_probs, lengths, (tap,) = model.forward_step(batch)
+    assert tap.shape == log_probs.shape
+    loss_sum, count = model.loss_step(batch, (log_probs, lengths, [tap]))
+    (loss_sum / count).backward()
+    assert torch.isfinite(loss_sum) and model.encoder.time_reduction.depthwise.weight.grad.abs().sum() > 0
+    assert model.encoder.time_recovery.weight.grad.abs().sum() > 0
+    model.eval()
+    model.save_to(tmp_path / "model.stm")
+    with torch.no_grad():
+        expected = model(batch["audio"], batch["audio_lens"])[0]
+        torch.testing.assert_close(SpeechModel.restore_from(tmp_path / "model.stm").eval()(
+            batch["audio"], batch["audio_lens"])[0], expected)  # fmt: skip
+    with pytest.raises(ConfigError, match="time_recovery_idx=4.*num_layers=3.*time_reduce_idx=-1"):
+        ConformerCTCModel(_config(encoder={**encoder, "time_recovery_idx": 4}))
 
 
 def test_archive_round_trip_with_a_bpe_tokenizer_gives_identical_transcripts(tmp_path, dtmf_manifest):

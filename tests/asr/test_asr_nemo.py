@@ -161,6 +161,10 @@ def test_export_command_line_and_refusals(tmp_path, capsys):
     torchaudio = ConformerCTCModel({**model.cfg, "preprocessor": {**model.cfg.preprocessor, "kind": "torchaudio"}})
     with pytest.raises(ValueError, match="uses the 'torchaudio' front-end.*preprocessor.kind=nemo"):
         torchaudio.save_to(tmp_path / "y.nemo")
+    unet = {**model.cfg.encoder, "time_reduce_idx": 0, "time_recovery_idx": 1}
+    unet = ConformerCTCModel({**model.cfg, "encoder": unet})
+    with pytest.raises(ValueError, match="runs layers on half the frames.*time_reduce_idx.*\\.stm"):
+        unet.save_to(tmp_path / "u.nemo")
     from speechtrain.testing.toy_models import ToyTransformerRegressor
 
     with pytest.raises(ValueError, match="ToyTransformerRegressor cannot be exported to NeMo's .nemo format"):

@@ -230,10 +230,12 @@ def test_conformer_flops_match_torch_flop_counter():
 
     from speechtrain.asr.conformer import ConformerConfig, ConformerEncoder, conformer_forward_flops
 
-    for subsampling, factor in (("striding", 4), ("dw_striding", 8)):
+    shapes = (("striding", 4, (-1, -1)), ("dw_striding", 8, (-1, -1)), ("striding", 4, (1, 2)))  # (1, 2): U-Net
+    for subsampling, factor, unet in shapes:
         cfg = ConformerConfig(
             d_model=32, num_layers=2, num_heads=2, conv_kernel_size=5, subsampling=subsampling,
             subsampling_factor=factor, subsampling_conv_channels=16, dropout=0.0, dropout_att=0.0,
+            time_reduce_idx=unet[0], time_recovery_idx=unet[1],
         )  # fmt: skip
         encoder = ConformerEncoder(cfg, n_mels=20, seed=0).eval()
         frames = torch.tensor([301])
