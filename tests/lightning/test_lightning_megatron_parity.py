@@ -114,7 +114,11 @@ def test_gradient_accumulation_over_two_batches_equals_one_batch_of_both(nproc, 
     assert {torch.load(p, weights_only=False)["global_step"] for p in out.glob("rank*.pt")} == {2}
     for name, tensor in weights.items():
         update, ref_update = tensor - initial[name], ref_weights[name] - initial[name]
-        relative = ((update - ref_update).norm() / ref_update.norm()).item()
+        # Differences within 2 fp32 ulps of the stored weight are the rounding of the weight itself, not of the
+        # update: on some CPUs (other GEMM kernels) one element of a weight whose whole update is ~1e-5 lands one
+        # ulp away (2^-29), which is 1e-4 of that tiny update.
+        ulps = 2 * torch.finfo(tensor.dtype).eps * ref_weights[name].abs()
+        relative = (((update - ref_update).abs() - ulps).clamp(min=0).norm() / ref_update.norm()).item()
         assert relative < 1e-6, f"{name}: relative difference of the update {relative:.2e}"
 
 
