@@ -40,6 +40,7 @@ from omegaconf import OmegaConf
 from speechtrain.asr.decoding import STRATEGIES
 from speechtrain.asr.long_audio import needs_chunking, transcribe_chunked
 from speechtrain.common import metrics
+from speechtrain.common.denormals import flush_denormals
 from speechtrain.common.cli import fail, parse_key_values
 from speechtrain.common.config import ConfigError
 from speechtrain.common.metrics import WerConfig
@@ -409,6 +410,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     except (ConfigError, ValueError, FileNotFoundError, ImportError) as e:
         fail(str(e))
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    flush_denormals()  # as the Trainer does (speechtrain.common.denormals)
     device = ("cuda" if torch.cuda.is_available() else "cpu") if cfg.device == "auto" else cfg.device
     decoding = cfg.decoding_overrides()
     override = {"decoding": decoding} if decoding else None

@@ -14,6 +14,7 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.trainer.connectors.checkpoint_connector import _CheckpointConnector
 
+from speechtrain.common.denormals import flush_denormals
 from speechtrain.common.memory import keep_freed_memory
 from speechtrain.lightning.callbacks import CallbackGroup
 
@@ -168,6 +169,7 @@ class Trainer(pl.Trainer):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         keep_freed_memory()  # host activations reused step to step (speechtrain.common.memory)
+        flush_denormals()  # a transducer loss on the CPU, +58% (speechtrain.common.denormals)
         bound = inspect.signature(pl.Trainer.__init__).bind(None, *args, **kwargs)
         arguments = dict(bound.arguments)
         arguments.pop("self")

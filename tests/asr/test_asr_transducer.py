@@ -7,7 +7,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from speechtrain.asr.ctc import ConformerCTCConfig
+from speechtrain.asr.ctc import UNET_OFF, ConformerCTCConfig
 from speechtrain.asr.ngram import NgramLM
 from speechtrain.asr.tokenizers import CharTokenizer
 from speechtrain.asr.transducer import ConformerTransducerConfig, ConformerTransducerModel, asr_config_class
@@ -258,6 +258,8 @@ def test_the_example_picks_the_transducer_for_its_configs_and_trains(tmp_path, d
     schema = train_job_schema(ConformerTransducerConfig)
     demo = compose_config(conf, "asr_train_tdt", [], schema)  # make demo-tdt: the CTC demo's setup with TDT
     assert (demo.model.size, demo.trainer.max_time, demo.model.loss) == ("demo", "00:00:17:00", "tdt")
+    demo = compose_config(conf, "asr_train_hybrid", [], schema)  # make demo: TDT + CTC, the half-rate layers kept
+    assert (demo.model.hybrid, demo.model.encoder.time_reduce_idx, demo.model.decoding.strategy) == (True, 2, "beam")
     assert compose_config(conf, "asr_train_rnnt", [], schema).model.loss == "rnnt"
     tokenizer = tmp_path / "digits.json"
     CharTokenizer(DIGITS).save(tokenizer)
@@ -270,7 +272,8 @@ def test_the_example_picks_the_transducer_for_its_configs_and_trains(tmp_path, d
                  "model.encoder.subsampling_conv_channels=8", "model.encoder.subsampling_factor=2",
                  "model.preprocessor.n_mels=16", "model.prediction.pred_hidden=16", "model.joint.joint_hidden=16",
                  "model.train_ds.batch_size=8", "model.train_ds.batch_duration=null", "model.train_ds.num_workers=0",
-                 "model.decoding.lm_order=0", "exp_manager.checkpoint_callback_params.save_top_k=1"]  # fmt: skip
+                 "model.decoding.lm_order=0", "exp_manager.checkpoint_callback_params.save_top_k=1",
+                 *UNET_OFF]  # fmt: skip
     cfg = compose_config(conf, "asr_train_hybrid", overrides, schema)
     spec = importlib.util.spec_from_file_location("asr_train_example", EXAMPLES / "asr_train.py")
     module = importlib.util.module_from_spec(spec)
