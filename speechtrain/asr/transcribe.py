@@ -40,9 +40,9 @@ from omegaconf import OmegaConf
 from speechtrain.asr.decoding import STRATEGIES
 from speechtrain.asr.long_audio import needs_chunking, transcribe_chunked
 from speechtrain.common import metrics
-from speechtrain.common.denormals import flush_denormals
 from speechtrain.common.cli import fail, parse_key_values
 from speechtrain.common.config import ConfigError
+from speechtrain.common.denormals import flush_denormals
 from speechtrain.common.metrics import WerConfig
 from speechtrain.core.model import SpeechModel
 from speechtrain.data.augment import resample
