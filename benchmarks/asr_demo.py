@@ -1,4 +1,4 @@
-"""Speed and accuracy of the `make demo` job (examples/asr_train.py on the built-in corpus), per precision.
+"""Speed and accuracy of the `make demo-ctc` job (examples/asr_train.py on the built-in corpus), per precision.
 
     python benchmarks/asr_demo.py                       # fp32 and bf16-mixed, the demo's default schedule
     python benchmarks/asr_demo.py --precisions bf16-mixed -- trainer.max_epochs=2
@@ -45,7 +45,7 @@ def run(precision: str, overrides: list[str], warmup: int = 5) -> dict:
     spec.loader.exec_module(module)
     train = module.main
     with tempfile.TemporaryDirectory() as exp_dir:
-        # The script's own config folder, YAML and schema: the benchmark cannot drift from what `make demo` runs.
+        # The script's own config folder, YAML and schema: the benchmark cannot drift from what `make demo-ctc` runs.
         cfg = compose_config(
             train.config_dir,
             train.config_name,

@@ -1,14 +1,15 @@
 """Does the demo archive help on a synthesiser it never heard? Fine-tuning it vs training the same model from scratch.
 
     python benchmarks/asr_finetune_vs_scratch.py --model speechtrain_experiments/asr_demo/<run>/asr_demo.stm \
-        [--minutes 6] [--devices 2] [--corpus builtin:speech]
+        [--minutes 6] [--devices 2] [--corpus builtin:speech] [--config-name asr_train_hybrid]
 
 Both runs train for the same wall-clock budget on ``builtin:speech/heldout_engine_train`` (400 utterances of the
 held-out engine, Flite: sentences never in the demo's training) and validate greedily on
 ``builtin:speech/heldout_engine`` (400 other utterances) every ``--every`` epochs:
 
 1. ``examples/asr_finetune.py init_from.path=<model>`` (the archive's tokenizer, config and weights);
-2. ``examples/asr_train.py`` with the demo's config (its own tokenizer and LM fitted on the 400 transcripts).
+2. ``examples/asr_train.py`` with the archive's recipe, ``--config-name`` (``make demo``'s ``asr_train_hybrid`` by
+   default; ``asr_train`` for a ``make demo-ctc`` archive), its own tokenizer and LM fitted on the 400 transcripts.
 
 Prints both curves (greedy WER against training step) and each run's closing decoding report.
 """
@@ -52,6 +53,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--devices", type=int, default=2)
     parser.add_argument("--every", type=int, default=2, help="validate every N epochs")
     parser.add_argument("--corpus", default="builtin:speech", help="the corpus the archive was trained on")
+    parser.add_argument("--config-name", default="asr_train_hybrid", help="the archive's recipe (examples/conf)")
     args = parser.parse_args(argv)
     minutes = int(args.minutes)
     seconds = round((args.minutes - minutes) * 60)
@@ -62,7 +64,8 @@ def main(argv: list[str] | None = None) -> None:
         out = Path(tmp)
         archive = f"init_from.path={Path(args.model).resolve()}"
         fine, fine_report = run("asr_finetune.py", [archive, *common], out, "finetune", args.corpus)
-        scratch, scratch_report = run("asr_train.py", common, out, "scratch", args.corpus)
+        recipe = ["--config-name", args.config_name]
+        scratch, scratch_report = run("asr_train.py", [*recipe, *common], out, "scratch", args.corpus)
     print(f"| step | fine-tuned from the demo archive: greedy WER on heldout_engine | from scratch ({args.minutes:g} "
           "min each) |")  # fmt: skip
     print("| --- | --- | --- |")

@@ -6,7 +6,7 @@
 Training: ``examples/asr_train.py`` on the built-in eSpeak corpus for ``--steps`` optimizer steps (no validation),
 reading the model's own ``audio_s_per_s`` (audio-seconds per wall-second over all data-parallel ranks) from the
 run's metrics.csv, averaged over the second half of the steps. ``demo`` is the default config of the example
-(the `make demo` model); the others are ``model.size=<name>``. The global batch is 60 s of audio either way.
+(the `make demo-ctc` model); the others are ``model.size=<name>``. The global batch is 60 s of audio either way.
 
 Transcription: ``speechtrain.asr.transcribe.transcribe_paths`` on 300 utterances of the corpus's test split,
 RTFx = audio seconds / wall seconds (model loading excluded).

@@ -302,19 +302,25 @@ class CTCModel(SpeechModel):
         raise NotImplementedError
 
     def configure_model(self) -> None:
-        """Builds the layers once the parallel layout is known (tensor-parallel layers are sharded). Idempotent."""
+        """Builds the layers once the parallel layout is known (tensor-parallel layers are sharded), then loads
+        pretrained weights if asked (:meth:`init_from_pretrained_when_built`). Idempotent."""
         if self.encoder is not None:
             return
+        self.build_layers()
+        if self._pending_init is not None:
+            source, include, exclude = self._pending_init
+            self._pending_init = None
+            self.init_from_pretrained(source, include=include, exclude=exclude)
+
+    def build_layers(self) -> None:
+        """Every layer of the model; subclasses add theirs after ``super().build_layers()``, so that pretrained
+        weights are loaded into all of them (a transducer's prediction and joint networks included)."""
         cfg = self.cfg
         self.preprocessor = build_preprocessor(OmegaConf.to_object(cfg.preprocessor), cfg.sample_rate)
         self.spec_augment = SpecAugment(OmegaConf.to_object(cfg.spec_augment)) if cfg.spec_augment else None
         self.encoder, width = self.build_encoder()
         with seeded(self._init_seed + 100_000):
             self.decoder = torch.nn.Linear(width, self.tokenizer.vocab_size + 1)
-        if self._pending_init is not None:
-            source, include, exclude = self._pending_init
-            self._pending_init = None
-            self.init_from_pretrained(source, include=include, exclude=exclude)
 
     def init_from_pretrained_when_built(
         self, source: Any, include: list[str] | None = None, exclude: list[str] | None = None
@@ -736,10 +742,8 @@ class ConformerCTCModel(CTCModel):
         except ValueError as error:
             raise ConfigError(f"model.{error} Turn it off with {' '.join(UNET_OFF)}.") from None
 
-    def configure_model(self) -> None:
-        if self.encoder is not None:
-            return
-        super().configure_model()
+    def build_layers(self) -> None:
+        super().build_layers()
         if self.cfg.interctc.self_conditioning:
             with seeded(self._init_seed + 300_000):  # the CTC distribution (V+1) back to the model width
                 self.conditioning = torch.nn.Linear(self.decoder.out_features, self.decoder.in_features)

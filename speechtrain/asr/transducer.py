@@ -203,10 +203,8 @@ class ConformerTransducerModel(ConformerCTCModel):
         self._infeasible: torch.Tensor | None = None
 
     # ---------------------------------------------------------------------------------------------- layers
-    def configure_model(self) -> None:
-        if self.encoder is not None:
-            return
-        super().configure_model()  # preprocessor, SpecAugment, encoder and a CTC head (``decoder``)
+    def build_layers(self) -> None:
+        super().build_layers()  # preprocessor, SpecAugment, encoder and a CTC head (``decoder``)
         cfg = self.cfg
         vocab = self.tokenizer.vocab_size
         width = self.decoder.in_features

@@ -8,8 +8,8 @@ demo (``asr_train_tdt.yaml``, 2 DP processes, 60 steps from its own 17-minute ar
 demo is unaffected (159.5 vs 153.0 in the same test: noise). GPUs already run fp32 at full speed on denormals.
 
 The mode is per thread, and threads copy it from the thread that creates them. :class:`speechtrain.lightning.Trainer`
-applies it when it is built, before the model (and so before torch's intra-op thread pool in the scripts under
-``examples/``); in a CPU run with several processes per machine each rank computes on one thread anyway.
+applies it when it is built: in the scripts under ``examples/`` that is before the model, so before torch starts its
+intra-op threads (every data-parallel process runs the script from the top; a test checks two threads).
 ``SPEECHTRAIN_FLUSH_DENORMALS=0`` turns it off. Written here because torch leaves the CPU's default (IEEE
 denormals) in place and exposes the switch only as :func:`torch.set_flush_denormal`.
 """

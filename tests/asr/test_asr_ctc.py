@@ -43,6 +43,23 @@ def _batch(manifest, model, count=6):
     return AsrCutDataset(model.tokenizer)[CutBatch(cuts, 0)]
 
 
+def test_a_deferred_pretrained_start_loads_the_self_conditioning_projection_too():
+    """init_from_pretrained_when_built (examples/asr_finetune.py) loads every layer, the self-conditioning
+    projection built after the CTC head included (it was left at its random initialisation)."""
+    encoder = {**_config()["encoder"], "num_layers": 2}
+    cfg = _config(encoder=encoder, interctc={"loss_weights": [0.3], "apply_at_layers": [0], "self_conditioning": True})
+    torch.manual_seed(1)
+    base = ConformerCTCModel(cfg)
+    base.configure_model()
+    torch.manual_seed(2)
+    model = ConformerCTCModel(cfg)
+    model.init_from_pretrained_when_built(base)
+    model.configure_model()
+    state, old = model.state_dict(), base.state_dict()
+    assert state.keys() == old.keys() and any(k.startswith("conditioning.") for k in old)
+    assert all(torch.equal(state[k], v) for k, v in old.items())
+
+
 def test_sizes_fill_the_encoder_and_explicit_keys_win():
     model = ConformerCTCModel({"size": "small", "tokenizer": {"vocab": DIGITS}, "encoder": {"num_layers": 2}})
     assert model.cfg.encoder.d_model == MODEL_SIZES["small"]["d_model"] and model.cfg.encoder.num_layers == 2

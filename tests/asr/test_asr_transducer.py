@@ -300,6 +300,22 @@ def test_finetune_keeps_the_encoder_and_reinitialises_the_decoder_for_a_new_voca
     assert OmegaConf.to_container(model.cfg.durations) == [0, 1, 2, 3, 4]
 
 
+def test_a_deferred_fine_tune_start_loads_the_prediction_and_joint_networks_too():
+    """examples/asr_finetune.py loads the archive's weights when the trainer builds the layers (defer): a
+    transducer's prediction and joint networks are built after the encoder and CTC head, and must be loaded too
+    (they were left at their random initialisation, so a fine-tune began from a decoder that knew nothing)."""
+    spec = importlib.util.spec_from_file_location("asr_finetune_example", EXAMPLES / "asr_finetune.py")
+    finetune = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(finetune)
+    base = _model(seed=1, scale=0.1, loss="tdt", hybrid=True)
+    model = finetune.finetune_model(base, {}, defer=True)
+    assert model.encoder is None  # nothing built yet: the trainer builds it under the parallel layout
+    model.configure_model()
+    state, old = model.state_dict(), base.state_dict()
+    assert state.keys() == old.keys() and any(k.startswith("joint.") for k in old)
+    assert all(torch.equal(state[k], v) for k, v in old.items())
+
+
 def test_an_arpa_file_reads_back_to_the_same_probabilities(tmp_path):
     lm = NgramLM.fit(["a b c", "a c b", "b b a c"], order=3)
     back = NgramLM.read_arpa(lm.write_arpa(tmp_path / "lm.arpa"))
