@@ -98,9 +98,10 @@ class TransducerDecodingConfig(DecodingConfig):
     """
 
     strategy: str = "greedy"
-    beam_size: int = 4
+    beam_size: int = 8
     lm_order: int = 0
     lm_weight: float = 0.3
+    word_score: float = 1.5
     max_symbols: int = 10
 
 

@@ -13,14 +13,15 @@ The loop ends when every utterance has passed its last frame: its length is the 
 steps, never one loop per utterance. TDT steps over frames (its durations), so it takes fewer steps than RNN-T.
 """
 
-import functools
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
-from speechtrain.asr.ngram import BOS, EOS, NgramLM
+from speechtrain.asr.decoding import spell
+from speechtrain.asr.ngram import BOS, EOS, UNK, NgramLM
 
 
 def _select_state(mask: torch.Tensor, new: tuple[torch.Tensor, ...], old: tuple[torch.Tensor, ...]):
@@ -129,6 +130,142 @@ def word_timestamps(
     return words
 
 
+LN10 = math.log(10.0)
+
+
+class LexiconLM:
+    """A word n-gram LM applied token by token through a lexicon trie, with look-ahead (for transducer beam search).
+
+    The LM's words are spelled with the model's tokenizer into a prefix tree. A hypothesis sits on a node of it (the
+    tokens of its unfinished word). Each label moves it to a child; a label that starts a word (a sentencepiece
+    ``▁`` piece, or any label after a character tokenizer's space) first closes the word it was spelling. Labels
+    that leave the tree end the hypothesis: as in CTC beam search, only the LM's words can be recognised.
+
+    While a word is unfinished it carries a look-ahead score, the best ``ln p(w | history)`` over the words below
+    its node (exact for the history, not a unigram estimate), so the LM's verdict arrives with each token instead
+    of all at once when the next word starts. Without it a beam that must keep its best few prefers whichever
+    hypotheses have not yet paid for their last word: it delays and drops words, more so the heavier the LM
+    (measured: with the older word-at-a-time fusion, greedy 27.78% -> 52.82% at LM weight 1.0 on the demo's dev
+    set). When the word closes, the look-ahead is replaced by the word's own probability, plus ``word_score``.
+    """
+
+    def __init__(self, lm: NgramLM, tokenizer: Any, weight: float, word_score: float) -> None:
+        self.lm, self.order = lm, lm.order
+        self.weight, self.word_score = weight * LN10, word_score  # weight of a log10 probability
+        pieces = tokenizer.vocab
+        piece_id = {p: i for i, p in enumerate(pieces)}
+        self.space = piece_id.get(" ", -1)  # a character tokenizer's word separator
+        self.word_start = [p.startswith("▁") for p in pieces]
+        spelled = []
+        for word in lm.vocabulary:
+            names = None if word in (BOS, EOS, UNK) else spell(tokenizer, word)
+            if names:
+                spelled.append((tuple(piece_id[n] for n in names), word))
+        if not spelled:
+            raise ValueError("The LM has no word the tokenizer can spell: beam search with it would find nothing.")
+        spelled.sort()  # the words below each node of the tree are then one contiguous range
+        self.words = [w for _, w in spelled]
+        index = {w: i for i, w in enumerate(self.words)}
+        self.children: list[dict[int, int]] = [{}]
+        self.ranges = [[0, len(spelled)]]
+        self.ends = [-1]
+        for i, (ids, _) in enumerate(spelled):
+            node = 0
+            for token in ids:
+                child = self.children[node].get(token)
+                if child is None:
+                    child = self.children[node][token] = len(self.children)
+                    self.children.append({})
+                    self.ranges.append([i, i + 1])
+                    self.ends.append(-1)
+                self.ranges[child][1] = i + 1
+                node = child
+            if self.ends[node] < 0:
+                self.ends[node] = i
+        # The n-grams seen after each history, as (word indices, log10 probs), for the distribution vectors.
+        self._seen: list[dict[tuple[str, ...], tuple[np.ndarray, np.ndarray]]] = [{} for _ in range(self.order)]
+        for n in range(2, self.order + 1):
+            grouped: dict[tuple[str, ...], list[tuple[int, float]]] = {}
+            for gram, logp in lm.probs[n - 1].items():
+                if gram[-1] in index:
+                    grouped.setdefault(gram[:-1], []).append((index[gram[-1]], logp))
+            for history, pairs in grouped.items():
+                cols, values = zip(*pairs)
+                self._seen[n - 1][history] = (np.array(cols), np.array(values))
+        unk = lm.probs[0].get((UNK,), -99.0)
+        self._unigrams = np.array([lm.probs[0].get((w,), unk) for w in self.words])
+        self._dists: dict[tuple[str, ...], np.ndarray] = {}
+        self._lookahead: dict[tuple[int, tuple[str, ...]], float] = {}
+        self._eos: dict[tuple[str, ...], float] = {}
+
+    def history(self, words: tuple[str, ...]) -> tuple[str, ...]:
+        return (BOS, *words)[-(self.order - 1) :] if self.order > 1 else ()
+
+    def _dist(self, history: tuple[str, ...]) -> np.ndarray:
+        """log10 p(w | history) of every lexicon word, by ARPA back-off (cached per history)."""
+        dist = self._dists.get(history)
+        if dist is None:
+            if not history:
+                return self._unigrams
+            dist = self._dist(history[1:]) + self.lm.backoffs[len(history) - 1].get(history, 0.0)
+            seen = self._seen[len(history)].get(history)
+            if seen is not None:
+                dist = dist.copy()
+                dist[seen[0]] = seen[1]
+            if len(self._dists) >= 2048:  # ~80 MB for a 5,000-word LM; a long job revisits few histories
+                self._dists.clear()
+            self._dists[history] = dist
+        return dist
+
+    def _best_below(self, node: int, history: tuple[str, ...]) -> float:
+        key = (node, history)
+        best = self._lookahead.get(key)
+        if best is None:
+            if len(self._lookahead) >= 1_000_000:
+                self._lookahead.clear()
+            lo, hi = self.ranges[node]
+            best = self._lookahead[key] = float(self._dist(history)[lo:hi].max())
+        return best
+
+    def advance(self, state: tuple[tuple[str, ...], int, float], label: int) -> tuple[tuple, float] | None:
+        """The state (closed words, node, look-ahead score held) after ``label`` and the score it adds, or None
+        if the label leaves the lexicon."""
+        words, node, held = state
+        added = 0.0
+        separator = label == self.space
+        if node and (separator or self.word_start[label]):
+            word = self.ends[node]
+            if word < 0:
+                return None
+            added = self.weight * self._dist(self.history(words))[word] + self.word_score - held
+            words, node, held = (*words, self.words[word]), 0, 0.0
+        if separator:
+            return (words, 0, 0.0), added
+        child = self.children[node].get(label)
+        if child is None:
+            return None
+        ahead = self.weight * self._best_below(child, self.history(words))
+        return (words, child, ahead), added + ahead - held
+
+    def finish(self, state: tuple[tuple[str, ...], int, float]) -> float | None:
+        """The score the end of the utterance adds (its last word, then ``</s>``), or None if a word is unfinished."""
+        words, node, held = state
+        added = 0.0
+        if node:
+            word = self.ends[node]
+            if word < 0:
+                return None
+            added = self.weight * self._dist(self.history(words))[word] + self.word_score - held
+            words = (*words, self.words[word])
+        history = self.history(words)
+        eos = self._eos.get(history)
+        if eos is None:
+            if len(self._eos) >= 100_000:
+                self._eos.clear()
+            eos = self._eos[history] = self.lm.log10_prob(EOS, history)
+        return added + self.weight * eos
+
+
 @dataclass
 class _Hyp:
     score: float
@@ -137,8 +274,7 @@ class _Hyp:
     on_frame: int
     pred_proj: torch.Tensor
     state: tuple[torch.Tensor, torch.Tensor]
-    words: tuple[str, ...] = ()
-    partial: list[int] = field(default_factory=list)
+    lm_state: tuple = ((), 0, 0.0)  # LexiconLM's (closed words, trie node, look-ahead held)
 
 
 class TransducerBeamSearch:
@@ -147,8 +283,9 @@ class TransducerBeamSearch:
     Hypotheses live at their own frames. Each round expands the hypotheses on the earliest frame: the blank with
     each duration (RNN-T: one frame), and the ``beam_size`` best labels with each duration (RNN-T: none); the
     expansions and the waiting hypotheses are merged (same labels on the same frame: the best is kept) and the
-    ``beam_size`` best stay. With an LM, each word is scored when the next one starts (and the last with ``</s>``
-    at the end): ``lm_weight * ln p(word | history) + word_score``.
+    ``beam_size`` best stay. With an LM (:class:`LexiconLM`), each label adds ``lm_weight`` times its change of
+    the LM score (look-ahead within a word, the word's probability when it closes) and each word ``word_score``;
+    labels that spell no LM word are not followed.
 
     Args:
         prediction, joint: the model's networks.
@@ -164,20 +301,8 @@ class TransducerBeamSearch:
         self.prediction, self.joint, self.tokenizer, self.blank = prediction, joint, tokenizer, blank
         self.durations = durations
         self.cfg = cfg
-        self.lm = NgramLM.read_arpa(cfg.lm_path) if cfg.lm_path else None
-        pieces = tokenizer.vocab
-        self._word_start = [p.startswith("▁") or p == " " for p in pieces]
-
-    @functools.lru_cache(maxsize=100_000)  # noqa: B019 (one decoder per model; the cache is its LM's)
-    def _lm(self, word: str, history: tuple[str, ...]) -> float:
-        return self.cfg.lm_weight * self.lm.log10_prob(word, history) * math.log(10) + self.cfg.word_score
-
-    def _close_word(self, hyp: _Hyp) -> tuple[tuple[str, ...], float]:
-        word = self.tokenizer.decode(hyp.partial).strip()
-        if not word or self.lm is None:
-            return hyp.words, 0.0
-        history = (BOS, *hyp.words)
-        return (*hyp.words, word), self._lm(word, history[-(self.lm.order - 1) :] if self.lm.order > 1 else ())
+        lm = NgramLM.read_arpa(cfg.lm_path) if cfg.lm_path else None
+        self.lm = LexiconLM(lm, tokenizer, cfg.lm_weight, cfg.word_score) if lm is not None else None
 
     @torch.no_grad()
     def __call__(self, enc: torch.Tensor, lengths: torch.Tensor) -> list[list[int]]:
@@ -198,19 +323,25 @@ class TransducerBeamSearch:
             logits = self.joint(enc_proj[t][None], torch.stack([h.pred_proj for h in now]))  # (H, V+1[+D])
             token_lp = logits[:, : blank + 1].log_softmax(-1).cpu()
             dur_lp = logits[:, blank + 1 :].log_softmax(-1).cpu() if self.durations else None
-            candidates = []
+            candidates = []  # (score, parent, label or None, duration, LM state)
             for i, h in enumerate(now):
+                labels = list(zip(*token_lp[i, :blank].topk(min(beam, blank))))
                 for k, d in enumerate(durations):
                     d_lp = float(dur_lp[i, k]) if dur_lp is not None else 0.0
                     if d >= 1 and (self.durations or d == 1):
-                        candidates.append((h.score + float(token_lp[i, blank]) + d_lp, h, None, d))
+                        candidates.append((h.score + float(token_lp[i, blank]) + d_lp, h, None, d, h.lm_state))
                     if self.durations is None and d != 0:
                         continue
                     if d == 0 and h.on_frame >= self.cfg.max_symbols:
                         continue
-                    values, labels = token_lp[i, :blank].topk(min(beam, blank))
-                    for value, label in zip(values.tolist(), labels.tolist()):
-                        candidates.append((h.score + value + d_lp, h, label, d))
+                    for value, label in labels:
+                        score, lm_state = h.score + float(value) + d_lp, h.lm_state
+                        if self.lm is not None:
+                            moved = self.lm.advance(h.lm_state, int(label))
+                            if moved is None:
+                                continue
+                            lm_state, score = moved[0], score + moved[1]
+                        candidates.append((score, h, int(label), d, lm_state))
             candidates.sort(key=lambda c: -c[0])
             expanded = self._expand(candidates[: beam * 2], device)
             merged: dict[tuple, _Hyp] = {}
@@ -225,16 +356,16 @@ class TransducerBeamSearch:
                 break
         finals = []
         for h in done:
-            words, score = self._close_word(h)
-            if self.lm is not None:
-                history = (BOS, *words)
-                score += self._lm(EOS, history[-(self.lm.order - 1) :] if self.lm.order > 1 else ())
-            finals.append((h.score + score, h.ids))
+            closing = self.lm.finish(h.lm_state) if self.lm is not None else 0.0
+            if closing is not None:
+                finals.append((h.score + closing, h.ids))
+        if not finals and done:  # every hypothesis ends inside a word the LM lacks: the acoustically best one
+            finals = [(h.score, h.ids) for h in done]
         return list(max(finals)[1]) if finals else []
 
     def _expand(self, candidates: list[tuple], device: torch.device) -> list[_Hyp]:
-        """New hypotheses from (score, parent, label or None, duration); labels advance the prediction network in
-        one batched step, and the LM scores the word a label closes."""
+        """New hypotheses from (score, parent, label or None, duration, LM state); labels advance the prediction
+        network in one batched step."""
         out: list[_Hyp] = []
         labelled = [c for c in candidates if c[2] is not None]
         if labelled:
@@ -243,18 +374,13 @@ class TransducerBeamSearch:
             new_out, new_state = self.prediction.step(tokens, states)
             new_proj = self.joint.pred_proj(new_out)
         index = 0
-        for score, h, label, d in candidates:
+        for score, h, label, d, lm_state in candidates:
             t = h.t + d
             if label is None:
-                out.append(_Hyp(score, h.ids, t, 0, h.pred_proj, h.state, h.words, h.partial))
+                out.append(_Hyp(score, h.ids, t, 0, h.pred_proj, h.state, lm_state))
                 continue
-            words, partial = h.words, [*h.partial, label]
-            if self._word_start[label] and h.partial:
-                words, lm_score = self._close_word(h)
-                partial = [label]
-                score += lm_score
             state = tuple(s[:, index : index + 1] for s in new_state)
             out.append(_Hyp(score, (*h.ids, label), t, h.on_frame + 1 if d == 0 else 0, new_proj[index], state,
-                            words, partial))  # fmt: skip
+                            lm_state))  # fmt: skip
             index += 1
         return out

@@ -8,10 +8,10 @@ import torch
 from omegaconf import OmegaConf
 
 from speechtrain.asr.ctc import UNET_OFF, ConformerCTCConfig
-from speechtrain.asr.ngram import NgramLM
+from speechtrain.asr.ngram import BOS, EOS, NgramLM
 from speechtrain.asr.tokenizers import CharTokenizer
 from speechtrain.asr.transducer import ConformerTransducerConfig, ConformerTransducerModel, asr_config_class
-from speechtrain.asr.transducer_decoding import greedy_batch, word_timestamps
+from speechtrain.asr.transducer_decoding import LexiconLM, greedy_batch, word_timestamps
 from speechtrain.asr.transducer_loss import rnnt_loss, tdt_loss
 from speechtrain.core.model import SpeechModel
 from speechtrain.data.cut_datasets import AsrCutDataset
@@ -354,3 +354,43 @@ def test_a_transducer_starts_from_a_ctc_models_encoder():
         )
         # the CTC head becomes the hybrid model's CTC head; a plain transducer has none
         assert ("decoder.weight" in report.loaded) is hybrid and ("decoder.weight" in report.unexpected) is not hybrid
+
+
+@pytest.mark.parametrize("kind", ["chars", "bpe"])
+def test_lexicon_lm_adds_up_to_the_word_lm_score_token_by_token(tmp_path, kind):
+    from speechtrain.common.tokenizers import load_tokenizer, train_sentencepiece
+
+    texts = ["the cat sat", "the cat ran", "a dog sat", "the dog ran far", "a cat sat far"] * 4
+    lm = NgramLM.fit(texts, order=3)
+    if kind == "chars":
+        tokenizer = CharTokenizer.from_texts(texts)
+    else:
+        tokenizer = load_tokenizer(train_sentencepiece(texts, tmp_path / "bpe", vocab_size=20))
+    lexicon = LexiconLM(lm, tokenizer, weight=0.7, word_score=0.25)
+
+    def run(text):
+        state, total = ((), 0, 0.0), 0.0
+        for label in tokenizer.encode(text):
+            moved = lexicon.advance(state, label)
+            if moved is None:
+                return None
+            state, total = moved[0], total + moved[1]
+        end = lexicon.finish(state)
+        return None if end is None else total + end
+
+    # The look-ahead telescopes: a whole sentence adds exactly weight * ln p(sentence) + word_score per word.
+    for text in ["the cat sat far", "a dog ran"]:
+        words = text.split()
+        exact = sum(lm.log10_prob(w, (BOS, *words[:i])[-2:]) for i, w in enumerate(words))
+        exact += lm.log10_prob(EOS, tuple(words[-2:]))
+        assert run(text) == pytest.approx(0.7 * math.log(10) * exact + 0.25 * len(words), abs=1e-9)
+    # Within a word the score is the best word below the prefix, for this history.
+    (_, node, held), _ = lexicon.advance(((), 0, 0.0), tokenizer.encode("the cat")[0])
+    below = [
+        w
+        for w in ("the", "cat", "sat", "a", "dog", "ran", "far")
+        if tokenizer.encode(w)[0] == tokenizer.encode("the")[0]
+    ]
+    assert held == pytest.approx(0.7 * math.log(10) * max(lm.log10_prob(w, (BOS,)) for w in below))
+    # Words the LM does not know cannot be spelled, nor can a sentence end inside one.
+    assert run("the cot sat") is None and run("the ca") is None
