@@ -13,6 +13,7 @@ The loop ends when every utterance has passed its last frame: its length is the 
 steps, never one loop per utterance. TDT steps over frames (its durations), so it takes fewer steps than RNN-T.
 """
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -193,40 +194,39 @@ class LexiconLM:
             for history, pairs in grouped.items():
                 cols, values = zip(*pairs)
                 self._seen[n - 1][history] = (np.array(cols), np.array(values))
-        unk = lm.probs[0].get((UNK,), -99.0)
-        self._unigrams = np.array([lm.probs[0].get((w,), unk) for w in self.words])
-        self._dists: dict[tuple[str, ...], np.ndarray] = {}
-        self._lookahead: dict[tuple[int, tuple[str, ...]], float] = {}
-        self._eos: dict[tuple[str, ...], float] = {}
+        self._unigrams = np.array([lm.probs[0][(w,)] for w in self.words])
+        # Per-instance LRU caches (a decoder lives as long as its model); ~80 MB of distributions for 5,000 words.
+        self._dist = functools.lru_cache(maxsize=2048)(self._distribution)
+        self._best_below = functools.lru_cache(maxsize=1_000_000)(self._best_below_uncached)
+        self._eos = functools.lru_cache(maxsize=100_000)(functools.partial(lm.log10_prob, EOS))
 
     def history(self, words: tuple[str, ...]) -> tuple[str, ...]:
         return (BOS, *words)[-(self.order - 1) :] if self.order > 1 else ()
 
-    def _dist(self, history: tuple[str, ...]) -> np.ndarray:
-        """log10 p(w | history) of every lexicon word, by ARPA back-off (cached per history)."""
-        dist = self._dists.get(history)
-        if dist is None:
-            if not history:
-                return self._unigrams
-            dist = self._dist(history[1:]) + self.lm.backoffs[len(history) - 1].get(history, 0.0)
-            seen = self._seen[len(history)].get(history)
-            if seen is not None:
-                dist = dist.copy()
-                dist[seen[0]] = seen[1]
-            if len(self._dists) >= 2048:  # ~80 MB for a 5,000-word LM; a long job revisits few histories
-                self._dists.clear()
-            self._dists[history] = dist
+    def _distribution(self, history: tuple[str, ...]) -> np.ndarray:
+        """log10 p(w | history) of every lexicon word, by ARPA back-off (read through the cache ``_dist``)."""
+        if not history:
+            return self._unigrams
+        dist = self._dist(history[1:]) + self.lm.backoffs[len(history) - 1].get(history, 0.0)
+        seen = self._seen[len(history)].get(history)
+        if seen is not None:
+            dist[seen[0]] = seen[1]  # (the sum above made a new array)
         return dist
 
-    def _best_below(self, node: int, history: tuple[str, ...]) -> float:
-        key = (node, history)
-        best = self._lookahead.get(key)
-        if best is None:
-            if len(self._lookahead) >= 1_000_000:
-                self._lookahead.clear()
-            lo, hi = self.ranges[node]
-            best = self._lookahead[key] = float(self._dist(history)[lo:hi].max())
-        return best
+    def _best_below_uncached(self, node: int, history: tuple[str, ...]) -> float:
+        lo, hi = self.ranges[node]
+        return float(self._dist(history)[lo:hi].max())
+
+    def _close(self, words: tuple[str, ...], node: int, held: float) -> tuple[tuple[str, ...], float] | None:
+        """The closed words and the score added when the word spelled up to ``node`` ends (None: no word ends
+        there); nothing to close at the root."""
+        if not node:
+            return words, 0.0
+        word = self.ends[node]
+        if word < 0:
+            return None
+        added = self.weight * self._dist(self.history(words))[word] + self.word_score - held
+        return (*words, self.words[word]), added
 
     def advance(self, state: tuple[tuple[str, ...], int, float], label: int) -> tuple[tuple, float] | None:
         """The state (closed words, node, look-ahead score held) after ``label`` and the score it adds, or None
@@ -235,11 +235,10 @@ class LexiconLM:
         added = 0.0
         separator = label == self.space
         if node and (separator or self.word_start[label]):
-            word = self.ends[node]
-            if word < 0:
+            closed = self._close(words, node, held)
+            if closed is None:
                 return None
-            added = self.weight * self._dist(self.history(words))[word] + self.word_score - held
-            words, node, held = (*words, self.words[word]), 0, 0.0
+            (words, added), node, held = closed, 0, 0.0
         if separator:
             return (words, 0, 0.0), added
         child = self.children[node].get(label)
@@ -250,21 +249,11 @@ class LexiconLM:
 
     def finish(self, state: tuple[tuple[str, ...], int, float]) -> float | None:
         """The score the end of the utterance adds (its last word, then ``</s>``), or None if a word is unfinished."""
-        words, node, held = state
-        added = 0.0
-        if node:
-            word = self.ends[node]
-            if word < 0:
-                return None
-            added = self.weight * self._dist(self.history(words))[word] + self.word_score - held
-            words = (*words, self.words[word])
-        history = self.history(words)
-        eos = self._eos.get(history)
-        if eos is None:
-            if len(self._eos) >= 100_000:
-                self._eos.clear()
-            eos = self._eos[history] = self.lm.log10_prob(EOS, history)
-        return added + self.weight * eos
+        closed = self._close(*state)
+        if closed is None:
+            return None
+        words, added = closed
+        return added + self.weight * self._eos(self.history(words))
 
 
 @dataclass
@@ -299,7 +288,7 @@ class TransducerBeamSearch:
 
     def __init__(self, prediction: Any, joint: Any, tokenizer: Any, blank: int, durations: list[int] | None,
                  cfg: Any) -> None:  # fmt: skip
-        self.prediction, self.joint, self.tokenizer, self.blank = prediction, joint, tokenizer, blank
+        self.prediction, self.joint, self.blank = prediction, joint, blank
         self.durations = durations
         self.cfg = cfg
         lm = NgramLM.read_arpa(cfg.lm_path) if cfg.lm_path else None
@@ -326,7 +315,15 @@ class TransducerBeamSearch:
             dur_lp = logits[:, blank + 1 :].log_softmax(-1).cpu() if self.durations else None
             candidates = []  # (score, parent, label or None, duration, LM state)
             for i, h in enumerate(now):
-                labels = list(zip(*token_lp[i, :blank].topk(min(beam, blank))))
+                labels = []  # (log-prob + LM score, label, LM state), the LM's part once for all durations
+                for value, label in zip(*token_lp[i, :blank].topk(min(beam, blank))):
+                    score, label, lm_state = float(value), int(label), h.lm_state
+                    if self.lm is not None:
+                        moved = self.lm.advance(h.lm_state, label)
+                        if moved is None:
+                            continue
+                        lm_state, score = moved[0], score + moved[1]
+                    labels.append((score, label, lm_state))
                 for k, d in enumerate(durations):
                     d_lp = float(dur_lp[i, k]) if dur_lp is not None else 0.0
                     if d >= 1 and (self.durations or d == 1):
@@ -335,14 +332,8 @@ class TransducerBeamSearch:
                         continue
                     if d == 0 and h.on_frame >= self.cfg.max_symbols:
                         continue
-                    for value, label in labels:
-                        score, lm_state = h.score + float(value) + d_lp, h.lm_state
-                        if self.lm is not None:
-                            moved = self.lm.advance(h.lm_state, int(label))
-                            if moved is None:
-                                continue
-                            lm_state, score = moved[0], score + moved[1]
-                        candidates.append((score, h, int(label), d, lm_state))
+                    for score, label, lm_state in labels:
+                        candidates.append((h.score + score + d_lp, h, label, d, lm_state))
             candidates.sort(key=lambda c: -c[0])
             expanded = self._expand(candidates[: beam * 2], device)
             merged: dict[tuple, _Hyp] = {}
