@@ -3,9 +3,12 @@
     python benchmarks/asr_decoding.py speechtrain_experiments/asr_tdt_demo/*/asr_tdt_demo.stm \\
         speechtrain_experiments/asr_demo/*/asr_demo.stm --audio builtin:espeak/test --strategies greedy beam
 
-Prints one row per (archive, strategy): WER, CER, RTFx (audio seconds per second of transcription, batched by
-duration as the transcription CLI does, model loading excluded) and, for transducers' greedy decoding, the mean
-encoder frames advanced per decoder step (RNN-T: below 1; TDT: above 1 when it skips frames).
+    python benchmarks/asr_decoding.py speechtrain_experiments/asr_demo/*/asr_demo.stm --audio builtin:speech/dev \\
+        --limit 200 --strategies greedy beam --lm 0.3,1.5,8 1.0,1,4     # an LM weight / word score / beam sweep
+
+Prints one row per (archive, strategy[, LM setting]): WER, CER, RTFx (audio seconds per second of transcription,
+batched by duration as the transcription CLI does, model loading excluded) and, for transducers' greedy decoding,
+the mean encoder frames advanced per decoder step (RNN-T: below 1; TDT: above 1 when it skips frames).
 """
 
 import argparse
@@ -13,7 +16,7 @@ import time
 
 from speechtrain.asr import metrics
 from speechtrain.asr.ctc import resolve_manifest
-from speechtrain.asr.transcribe import transcribe_paths
+from speechtrain.asr.transcribe import collect_inputs, transcribe_paths
 from speechtrain.core.model import SpeechModel
 
 
@@ -23,18 +26,27 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--audio", default="builtin:espeak/test", help="a NeMo manifest or builtin:<corpus>/<split>")
     parser.add_argument("--strategies", nargs="+", default=["greedy", "beam"])
     parser.add_argument("--batch-duration", type=float, default=300.0)
+    parser.add_argument("--limit", type=int, default=None, help="only the manifest's first N utterances")
+    parser.add_argument("--lm", nargs="+", default=[], metavar="WEIGHT,WORD_SCORE,BEAM",
+                        help="beam search settings to compare (default: the archive's own)")  # fmt: skip
     args = parser.parse_args(argv)
-    manifest = resolve_manifest(args.audio)
+    inputs = collect_inputs(resolve_manifest(args.audio))[: args.limit]
+    settings = [tuple(float(x) for x in spec.split(",")) for spec in args.lm]
+    runs = [(s, None) for s in args.strategies if s != "beam" or not settings]
+    runs += [("beam", setting) for setting in settings if "beam" in args.strategies]
     print("| archive | strategy | WER / CER | RTFx | frames per decoder step |\n|---|---|---|---|---|")
     for archive in args.archives:
-        model = SpeechModel.restore_from(archive).eval()
-        for strategy in args.strategies:
-            model.cfg.decoding.strategy = strategy
+        for strategy, setting in runs:
+            decoding = {"strategy": strategy}
+            if setting is not None:
+                decoding.update(lm_weight=setting[0], word_score=setting[1], beam_size=int(setting[2]))
+                strategy = f"beam (LM {setting[0]:g}, word score {setting[1]:g}, beam {int(setting[2])})"
+            model = SpeechModel.restore_from(archive, override_config={"decoding": decoding}).eval()
             steps = getattr(model, "decode_steps", None)
             if steps is not None:
                 steps.zero_()
             start = time.perf_counter()
-            rows = transcribe_paths(model, manifest, args.batch_duration, None)
+            rows = transcribe_paths(model, inputs, args.batch_duration, None)
             seconds = time.perf_counter() - start
             done = [r for r in rows if r["pred_text"] is not None and isinstance(r.get("text"), str)]
             hyps, refs = [r["pred_text"] for r in done], [r["text"] for r in done]

@@ -394,3 +394,9 @@ def test_lexicon_lm_adds_up_to_the_word_lm_score_token_by_token(tmp_path, kind):
     assert held == pytest.approx(0.7 * math.log(10) * max(lm.log10_prob(w, (BOS,)) for w in below))
     # Words the LM does not know cannot be spelled, nor can a sentence end inside one.
     assert run("the cot sat") is None and run("the ca") is None
+
+
+def test_an_lm_whose_words_the_tokenizer_cannot_spell_is_a_clear_error():
+    lm = NgramLM.fit(["xyz zyx"], order=2)
+    with pytest.raises(ValueError, match="no word the tokenizer can spell"):
+        LexiconLM(lm, CharTokenizer.from_texts(["abc cab"]), weight=0.3, word_score=0.0)
