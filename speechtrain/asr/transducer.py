@@ -81,12 +81,16 @@ class JointConfig:
         activation: ``relu``, ``tanh`` or ``silu``.
         dropout: dropout after the activation.
         fused_batch_size: utterances whose joint and loss terms are computed at once (0: the whole batch).
+        frame_stack: the transducer reads this many consecutive encoder frames as one, concatenated (2 on a 40 ms
+            encoder: an 80 ms transducer, as NeMo's Parakeet-TDT, with half the joint and loss cost; a hybrid
+            model's CTC head keeps the encoder's frames). TDT durations count these frames.
     """
 
     joint_hidden: int = 640
     activation: str = "relu"
     dropout: float = 0.2
     fused_batch_size: int = 4
+    frame_stack: int = 1
 
 
 @dataclass
@@ -198,6 +202,8 @@ class ConformerTransducerModel(ConformerCTCModel):
         if cfg.decoder_type not in DECODERS or (cfg.decoder_type == "ctc" and not cfg.hybrid):
             raise ValueError(f"model.decoder_type must be 'transducer' (or 'ctc' for hybrid models), got "
                              f"{cfg.decoder_type!r}.")  # fmt: skip
+        if not isinstance(cfg.joint.frame_stack, int) or cfg.joint.frame_stack < 1:
+            raise ValueError(f"model.joint.frame_stack must be an integer >= 1, got {cfg.joint.frame_stack!r}.")
         self.durations = durations if cfg.loss == "tdt" else [0, 1]
         self._transducer_beam: TransducerBeamSearch | None = None
         self.decode_steps = torch.zeros(2, dtype=torch.float64)  # (frames, decoder steps) of transducer decoding
@@ -215,13 +221,30 @@ class ConformerTransducerModel(ConformerCTCModel):
         extra = len(self.durations) if cfg.loss == "tdt" else 0
         with seeded(self._init_seed + 200_000):
             self.prediction = PredictionNetwork(vocab, self.blank, OmegaConf.to_object(cfg.prediction))
-            self.joint = JointNetwork(width, cfg.prediction.pred_hidden, vocab + 1 + extra,
+            self.joint = JointNetwork(width * cfg.joint.frame_stack, cfg.prediction.pred_hidden, vocab + 1 + extra,
                                       OmegaConf.to_object(cfg.joint))  # fmt: skip
 
     def forward(self, audio: torch.Tensor, audio_lens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """audio (B, T), audio_lens (B,) -> encoder output (B, F', D), lengths (B,)."""
         feats, lengths = self.features(audio, audio_lens)  # (builds the layers on first use)
         return self.encoder(feats, lengths)
+
+    def joint_lengths(self, lengths: torch.Tensor) -> torch.Tensor:
+        """(B,) transducer frames of utterances of ``lengths`` encoder frames (see :meth:`joint_frames`)."""
+        k = self.cfg.joint.frame_stack
+        return lengths if k == 1 else (lengths + k - 1) // k
+
+    def joint_frames(self, enc: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The transducer's input: enc (B, F', D) -> (B, ceil(F' / k), k * D), each frame ``k = joint.frame_stack``
+        consecutive encoder frames side by side, and its lengths. Frames past each length are zeroed first, so a
+        batched utterance gives what it gives alone."""
+        k = self.cfg.joint.frame_stack
+        if k == 1:
+            return enc, lengths
+        batch, frames, width = enc.shape
+        valid = torch.arange(frames, device=enc.device)[None, :] < lengths[:, None]
+        enc = F.pad(enc * valid[..., None].to(enc.dtype), (0, 0, 0, (-frames) % k))
+        return enc.reshape(batch, -1, k * width), self.joint_lengths(lengths)
 
     def ctc_log_probs(self, enc: torch.Tensor) -> torch.Tensor:
         """(B, F', V+1) fp32 log-probabilities of the hybrid model's CTC head."""
@@ -246,6 +269,7 @@ class ConformerTransducerModel(ConformerCTCModel):
         :meth:`loss_step`). The joint runs ``joint.fused_batch_size`` utterances at a time."""
         tokens, token_lens = batch["tokens"], batch["token_lens"]
         ok = self.alignable(lengths, token_lens)
+        enc, lengths = self.joint_frames(enc, lengths)
         # An impossible utterance is computed as an empty transcript over >= 1 frame (finite), then zeroed.
         frame_lens, label_lens = lengths.clamp(min=1), torch.where(ok, token_lens, 0)
         enc_proj = self.joint.enc_proj(enc)
@@ -268,7 +292,7 @@ class ConformerTransducerModel(ConformerCTCModel):
     def alignable(self, lengths: torch.Tensor, token_lens: torch.Tensor) -> torch.Tensor:
         """(B,) bool: the transcript can be aligned with the frames (by the transducer, and for a hybrid model by
         CTC too, which needs a frame per label); the others are skipped."""
-        ok = feasible(lengths, token_lens, self.durations)
+        ok = feasible(self.joint_lengths(lengths), token_lens, self.durations)
         return ok & (lengths >= token_lens) if self.cfg.hybrid else ok
 
     def _loss_from_terms(self, blank: torch.Tensor, label: torch.Tensor, dur: torch.Tensor, frame_lens: torch.Tensor,
@@ -316,6 +340,7 @@ class ConformerTransducerModel(ConformerCTCModel):
     def greedy_hypotheses(self, enc: torch.Tensor, lengths: torch.Tensor) -> list[dict[str, list[int]]]:
         """Batched greedy (label-looping) decoding: per utterance ``ids``, ``starts`` and ``ends`` (frames)."""
         durations = self.durations if self.cfg.loss == "tdt" else None
+        enc, lengths = self.joint_frames(enc, lengths)
         hyps, steps = greedy_batch(
             self.prediction, self.joint, enc, lengths, self.blank, durations, self.cfg.decoding.max_symbols
         )
@@ -339,7 +364,7 @@ class ConformerTransducerModel(ConformerCTCModel):
                 self.prediction, self.joint, self.tokenizer, self.blank,
                 self.durations if self.cfg.loss == "tdt" else None, OmegaConf.to_object(decoding),
             )  # fmt: skip
-        return [self.tokenizer.decode(ids) for ids in self._transducer_beam(enc, lengths)]
+        return [self.tokenizer.decode(ids) for ids in self._transducer_beam(*self.joint_frames(enc, lengths))]
 
     @torch.inference_mode()
     def transcribe_with_timestamps(self, audio: list[Any], batch_size: int = 16) -> list[dict[str, Any]]:
@@ -349,6 +374,7 @@ class ConformerTransducerModel(ConformerCTCModel):
         was_training = self.training
         self.eval()
         frame_seconds = self.cfg.preprocessor.window_stride * self.cfg.encoder.subsampling_factor
+        frame_seconds *= self.cfg.joint.frame_stack
         results = []
         try:
             for padded, lens in self._audio_batches(audio, batch_size):
@@ -380,12 +406,14 @@ class ConformerTransducerModel(ConformerCTCModel):
         forward = forward + 2 * (labels + 1).sum() * layers * 4 * (2 * h * h)  # LSTM gates: input + recurrent
         j = cfg.joint.joint_hidden
         outputs = self.joint.out.out_features
-        cells = (out_frames * (labels + 1)).sum()
-        forward = forward + 2 * out_frames.sum() * d * j + 2 * (labels + 1).sum() * h * j + 2 * cells * j * outputs
+        joint_frames = self.joint_lengths(out_frames)
+        cells = (joint_frames * (labels + 1)).sum()
+        forward = forward + 2 * joint_frames.sum() * self.joint.enc_proj.in_features * j
+        forward = forward + 2 * (labels + 1).sum() * h * j + 2 * cells * j * outputs
         return 3 * forward
 
     def decoding_frames_per_step(self) -> float:
-        """Mean encoder frames advanced per decoder step over the greedy decodes so far (RNN-T: < 1; TDT: more when
+        """Mean transducer frames advanced per decoder step over the greedy decodes so far (RNN-T: < 1; TDT: more when
         it skips frames)."""
         frames, steps = self.decode_steps.tolist()
         return frames / max(steps, 1.0)

@@ -125,6 +125,34 @@ def test_hybrid_loss_and_both_heads_decode(dtmf_manifest):
         ConformerTransducerModel(_config(hybrid=True, interctc={"loss_weights": [0.3], "apply_at_layers": [0]}))
 
 
+def test_frame_stack_runs_the_transducer_on_concatenated_encoder_frames():
+    joint = {"joint_hidden": 16, "dropout": 0.0, "fused_batch_size": 2, "frame_stack": 2}
+    model = _model(loss="tdt", hybrid=True, joint=joint, scale=0.5)
+    assert model.joint.enc_proj.in_features == 2 * 16
+    g = torch.Generator().manual_seed(2)
+    enc, lengths = torch.randn(3, 9, 16, generator=g), torch.tensor([9, 4, 7])
+    tokens, token_lens = torch.randint(0, 11, (3, 5), generator=g), torch.tensor([5, 2, 4])
+    batch = {"tokens": tokens, "token_lens": token_lens}
+    losses = model.transducer_losses(enc, lengths, batch)
+    for b in range(3):  # by hand, one utterance at a time: pairs of frames side by side, an odd one with zeros
+        t, u = int(lengths[b]), int(token_lens[b])
+        x = torch.cat([enc[b, :t], enc.new_zeros(t % 2, 16)]).reshape(1, -1, 32)
+        y = tokens[b : b + 1, :u]
+        terms = model._joint_terms(model.joint.enc_proj(x), model.joint.pred_proj(model.prediction(y)), y)
+        alone = model._loss_from_terms(*terms, torch.tensor([(t + 1) // 2]), token_lens[b : b + 1])
+        torch.testing.assert_close(losses[b], alone[0], atol=1e-5, rtol=1e-5)
+    # TDT counts 80 ms frames, CTC (the hybrid's head) 40 ms ones: 3 labels fit 2 stacked frames (duration 0), not
+    # 2 encoder frames for CTC.
+    assert model.alignable(torch.tensor([4, 2]), torch.tensor([3, 3])).tolist() == [True, False]
+    model.eval()
+    hyps = model.greedy_hypotheses(enc, lengths)
+    for b in range(3):
+        assert model.greedy_hypotheses(enc[b : b + 1, : lengths[b]], lengths[b : b + 1])[0] == hyps[b]
+        assert all(0 <= f < (int(lengths[b]) + 1) // 2 for f in hyps[b]["starts"])
+    with pytest.raises(ValueError, match="frame_stack"):
+        ConformerTransducerModel(_config(joint={**joint, "frame_stack": 0}))
+
+
 @pytest.mark.parametrize("loss", ["rnnt", "tdt"])
 def test_batched_greedy_decoding_equals_per_utterance(loss):
     model = _model(loss=loss, scale=0.5).eval()
