@@ -13,13 +13,20 @@ gpu-check: install
 
 install: $(STAMP)
 
-APT_PACKAGES = flite festival festvox-kallpc16k festvox-kdlpc16k festvox-us-slt-hts
+APT_PACKAGES = flite festival festvox-kallpc16k festvox-kdlpc16k festvox-us-slt-hts libtcmalloc-minimal4
+
+# The CPU demos run under tcmalloc (Debian's libtcmalloc-minimal4, installed with the packages above) where it is
+# installed: faster training steps than glibc's malloc even with the Trainer's settings for it
+# (speechtrain.common.memory; `benchmarks/asr_train_speed.py --recipe ... --preload`, README Results). Without it
+# LD_PRELOAD is empty and nothing changes.
+CPU_RUN = OMP_WAIT_POLICY=PASSIVE LD_PRELOAD="$$(ls /usr/lib/*/libtcmalloc_minimal.so.4 2>/dev/null | head -1)" \
+	TCMALLOC_LARGE_ALLOC_REPORT_THRESHOLD=1099511627776
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
-	@# Festival (three voices) reads part of the built-in corpus and Flite its held-out sets: Debian packages only.
+	@# Festival (three voices) reads part of the built-in corpus, Flite its held-out sets (and tcmalloc, above).
 	dpkg -s $(APT_PACKAGES) >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
 		{ apt-get install -y -qq $(APT_PACKAGES) >/dev/null 2>&1 || \
 		  { apt-get update -qq && apt-get install -y -qq $(APT_PACKAGES); }; }; } \
@@ -29,21 +36,21 @@ $(STAMP): pyproject.toml
 # The ASR demo: a hybrid TDT-CTC Conformer (asr_train_hybrid.yaml), 17 minutes of training on 2 cores, greedy WER
 # first and beam + LM beside it. demo-ctc: the same data, encoder and budget with CTC alone (asr_train.yaml).
 demo: install
-	OMP_WAIT_POLICY=PASSIVE $(BIN)/python examples/asr_train.py --config-name asr_train_hybrid name=asr_demo \
+	$(CPU_RUN) $(BIN)/python examples/asr_train.py --config-name asr_train_hybrid name=asr_demo \
 		trainer.devices=2 model.train_ds.batch_duration=30
 
 demo-ctc: install
-	OMP_WAIT_POLICY=PASSIVE $(BIN)/python examples/asr_train.py trainer.devices=2 model.train_ds.batch_duration=30
+	$(CPU_RUN) $(BIN)/python examples/asr_train.py trainer.devices=2 model.train_ds.batch_duration=30
 
 # The TDT transducer demo: the CTC demo's data, tokenizer, encoder and 17-minute budget, with a TDT decoder.
 demo-tdt: install
-	OMP_WAIT_POLICY=PASSIVE $(BIN)/python examples/asr_train.py --config-name asr_train_tdt trainer.devices=2 \
+	$(CPU_RUN) $(BIN)/python examples/asr_train.py --config-name asr_train_tdt trainer.devices=2 \
 		model.train_ds.batch_duration=30
 
 # The TTS demo (60 min of training on 2 cores); judged by the newest ASR demo archive when there is one.
 tts-demo: install
 	ASR=$$(ls -t speechtrain_experiments/asr_demo/*/asr_demo.stm 2>/dev/null | head -1); \
-	OMP_WAIT_POLICY=PASSIVE $(BIN)/python examples/tts_train.py trainer.devices=2 model.train_ds.batch_duration=30 \
+	$(CPU_RUN) $(BIN)/python examples/tts_train.py trainer.devices=2 model.train_ds.batch_duration=30 \
 		asr_model=$${ASR:-null}
 
 # The SALM demo (under 60 min on 2 cores): an ASR encoder (16 min; skipped with ASR=<archive>), a tiny GPT
@@ -51,15 +58,15 @@ tts-demo: install
 salm-demo: install
 	set -e; ASR=$${ASR:-}; \
 	if [ -z "$$ASR" ]; then \
-		OMP_WAIT_POLICY=PASSIVE $(BIN)/python examples/asr_train.py trainer.devices=2 model.train_ds.batch_duration=30 \
+		$(CPU_RUN) $(BIN)/python examples/asr_train.py trainer.devices=2 model.train_ds.batch_duration=30 \
 			trainer.max_time=00:00:16:00 name=salm_asr model.train_ds.manifest_filepath=builtin:espeak/train \
 			model.interctc.self_conditioning=false model.encoder.time_reduce_idx=-1 model.encoder.time_recovery_idx=-1 \
 			'model.validation_ds.manifest_filepath=[builtin:espeak/dev,builtin:espeak/test]'; \
 		ASR=$$(ls -t speechtrain_experiments/salm_asr/*/salm_asr.stm | head -1); \
 	fi; \
-	OMP_WAIT_POLICY=PASSIVE $(BIN)/python examples/gpt_pretrain.py trainer.devices=2; \
+	$(CPU_RUN) $(BIN)/python examples/gpt_pretrain.py trainer.devices=2; \
 	LLM=$$(ls -td speechtrain_experiments/gpt_pretrain/*/hf | head -1); \
-	OMP_WAIT_POLICY=PASSIVE $(BIN)/python examples/salm_train.py trainer.devices=2 model.llm.hf_path=$$LLM \
+	$(CPU_RUN) $(BIN)/python examples/salm_train.py trainer.devices=2 model.llm.hf_path=$$LLM \
 		model.perception.asr_model=$$ASR
 
 # The default suite (CI): everything but the tests marked slow (minutes each: real fine-tunes of imported NeMo

@@ -2,11 +2,18 @@
 
     python benchmarks/asr_train_speed.py                      # debug and small, 1 process and DP=2, RTFx
     python benchmarks/asr_train_speed.py --sizes demo --steps 40 --precisions 32 bf16-mixed
+    python benchmarks/asr_train_speed.py --recipe asr_train_hybrid --init-from <make demo archive> --steps 100 \
+        --repeats 2 --preload /usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4   # a recipe, with/without a preload
 
 Training: ``examples/asr_train.py`` on the built-in eSpeak corpus for ``--steps`` optimizer steps (no validation),
 reading the model's own ``audio_s_per_s`` (audio-seconds per wall-second over all data-parallel ranks) from the
 run's metrics.csv, averaged over the second half of the steps. ``demo`` is the default config of the example
 (the `make demo-ctc` model); the others are ``model.size=<name>``. The global batch is 60 s of audio either way.
+
+``--recipe``: that config of ``examples/conf`` as ``make demo`` runs it (2 DP processes, 30 s per process), from
+``--init-from``'s weights (a trained model runs at its own speed: a transducer's loss lattice, for one, computes
+differently once the model is confident), ``--repeats`` runs taking turns with and without ``--preload`` (a library
+put in ``LD_PRELOAD``, e.g. tcmalloc).
 
 Transcription: ``speechtrain.asr.transcribe.transcribe_paths`` on 300 utterances of the corpus's test split,
 RTFx = audio seconds / wall seconds (model loading excluded).
@@ -24,7 +31,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def train_speed(size: str, devices: int, steps: int, precision: str) -> float:
+def train_speed(size: str | None, devices: int, steps: int, precision: str, recipe: str | None = None,
+                init_from: str | None = None, preload: str | None = None) -> float:  # fmt: skip
     with tempfile.TemporaryDirectory() as exp:
         overrides = [
             f"trainer.devices={devices}", f"trainer.max_steps={steps}", "trainer.max_time=null",
@@ -32,12 +40,19 @@ def train_speed(size: str, devices: int, steps: int, precision: str) -> float:
             f"model.train_ds.batch_duration={60 / devices}", f"exp_manager.exp_dir={exp}",
             "trainer.log_every_n_steps=1",
         ]  # fmt: skip
-        overrides.append(f"model.size={size}")
+        if recipe:
+            overrides += ["--config-name", recipe]
+        if init_from:
+            overrides.append(f"init_from.path={init_from}")
+        if size:
+            overrides.append(f"model.size={size}")
         if size == "debug":  # 2 layers: too shallow for the demo's intermediate CTC taps and half-rate layers
             from speechtrain.asr.ctc import INTERCTC_OFF, UNET_OFF
 
             overrides += [*INTERCTC_OFF, *UNET_OFF]
         env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE"}
+        if preload:
+            env["LD_PRELOAD"] = preload
         command = [sys.executable, str(ROOT / "examples" / "asr_train.py"), *overrides]
         result = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
         if result.returncode != 0:
@@ -78,7 +93,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--devices", nargs="+", type=int, default=[1, 2])
     parser.add_argument("--precisions", nargs="+", default=["32"])
     parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--recipe", help="a config of examples/conf, run as make demo runs it (2 processes)")
+    parser.add_argument("--init-from", help="start --recipe from this archive's weights")
+    parser.add_argument("--preload", help="with --recipe: also run with this library in LD_PRELOAD (e.g. tcmalloc)")
+    parser.add_argument("--repeats", type=int, default=1, help="with --recipe: runs per setting, taking turns")
     args = parser.parse_args(argv)
+    if args.recipe:
+        print("| recipe | LD_PRELOAD | run | training audio-s/s |")
+        print("|---|---|---|---|")
+        for run in range(args.repeats):
+            for preload in [None, args.preload] if args.preload else [None]:
+                speed = train_speed(None, 2, args.steps, "32", args.recipe, args.init_from, preload)
+                print(f"| {args.recipe} | {preload or '-'} | {run + 1} | {speed:.1f} |", flush=True)
+        return
     print("| model | processes | precision | training audio-s/s | transcription RTFx (1 process) |")
     print("|---|---|---|---|---|")
     for size in args.sizes:
