@@ -4,6 +4,8 @@
     python benchmarks/asr_train_speed.py --sizes demo --steps 40 --precisions 32 bf16-mixed
     python benchmarks/asr_train_speed.py --recipe asr_train_hybrid --init-from <make demo archive> --steps 100 \
         --repeats 2 --preload /usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4   # a recipe, with/without a preload
+    python benchmarks/asr_train_speed.py --recipe asr_train_hybrid --steps 120 --repeats 2 \
+        --variant model.encoder.subsampling_conv_channels=32             # a recipe, with/without some overrides
 
 Training: ``examples/asr_train.py`` on the built-in eSpeak corpus for ``--steps`` optimizer steps (no validation),
 reading the model's own ``audio_s_per_s`` (audio-seconds per wall-second over all data-parallel ranks) from the
@@ -13,7 +15,7 @@ run's metrics.csv, averaged over the second half of the steps. ``demo`` is the d
 ``--recipe``: that config of ``examples/conf`` as ``make demo`` runs it (2 DP processes, 30 s per process), from
 ``--init-from``'s weights (a trained model runs at its own speed: a transducer's loss lattice, for one, computes
 differently once the model is confident), ``--repeats`` runs taking turns with and without ``--preload`` (a library
-put in ``LD_PRELOAD``, e.g. tcmalloc).
+put in ``LD_PRELOAD``, e.g. tcmalloc), or with and without the ``--variant`` overrides.
 
 Transcription: ``speechtrain.asr.transcribe.transcribe_paths`` on 300 utterances of the corpus's test split,
 RTFx = audio seconds / wall seconds (model loading excluded).
@@ -32,7 +34,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def train_speed(size: str | None, devices: int, steps: int, precision: str, recipe: str | None = None,
-                init_from: str | None = None, preload: str | None = None) -> float:  # fmt: skip
+                init_from: str | None = None, preload: str | None = None,
+                extra: tuple[str, ...] = ()) -> float:  # fmt: skip
     with tempfile.TemporaryDirectory() as exp:
         overrides = [
             f"trainer.devices={devices}", f"trainer.max_steps={steps}", "trainer.max_time=null",
@@ -46,6 +49,7 @@ def train_speed(size: str | None, devices: int, steps: int, precision: str, reci
             overrides.append(f"init_from.path={init_from}")
         if size:
             overrides.append(f"model.size={size}")
+        overrides += extra
         if size == "debug":  # 2 layers: too shallow for the demo's intermediate CTC taps and half-rate layers
             from speechtrain.asr.ctc import INTERCTC_OFF, UNET_OFF
 
@@ -97,14 +101,26 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--init-from", help="start --recipe from this archive's weights")
     parser.add_argument("--preload", help="with --recipe: also run with this library in LD_PRELOAD (e.g. tcmalloc)")
     parser.add_argument("--repeats", type=int, default=1, help="with --recipe: runs per setting, taking turns")
+    parser.add_argument(
+        "--variant",
+        nargs="+",
+        default=[],
+        metavar="OVERRIDE",
+        help="with --recipe: also run with these config overrides (then --preload applies to both)",
+    )
     args = parser.parse_args(argv)
     if args.recipe:
-        print("| recipe | LD_PRELOAD | run | training audio-s/s |")
-        print("|---|---|---|---|")
+        if args.variant:  # the recipe against the recipe with the overrides, both with --preload if given
+            settings = [(args.preload, ()), (args.preload, tuple(args.variant))]
+        else:  # the recipe without and with --preload
+            settings = [(None, ()), (args.preload, ())] if args.preload else [(None, ())]
+        print("| recipe | LD_PRELOAD | overrides | run | training audio-s/s |")
+        print("|---|---|---|---|---|")
         for run in range(args.repeats):
-            for preload in [None, args.preload] if args.preload else [None]:
-                speed = train_speed(None, 2, args.steps, "32", args.recipe, args.init_from, preload)
-                print(f"| {args.recipe} | {preload or '-'} | {run + 1} | {speed:.1f} |", flush=True)
+            for preload, extra in settings:
+                speed = train_speed(None, 2, args.steps, "32", args.recipe, args.init_from, preload, extra)
+                print(f"| {args.recipe} | {preload or '-'} | {' '.join(extra) or '-'} | {run + 1} | {speed:.1f} |",
+                      flush=True)  # fmt: skip
         return
     print("| model | processes | precision | training audio-s/s | transcription RTFx (1 process) |")
     print("|---|---|---|---|---|")
