@@ -59,17 +59,22 @@ ACTIVATIONS = {"relu": torch.relu, "tanh": torch.tanh, "silu": F.silu}
 
 @dataclass
 class PredictionConfig:
-    """Prediction network (``model.prediction``): embedding + LSTM.
+    """Prediction network (``model.prediction``): embedding + LSTM, or stateless.
 
     Attributes:
         pred_hidden: embedding and LSTM width.
         pred_rnn_layers: LSTM layers.
         dropout: dropout on the embedding and the LSTM output.
+        context_size: 0: the LSTM, which reads every label so far; k >= 1: stateless (NeMo's
+            ``StatelessTransducerDecoder`` and its ``context_size``), the last k labels only, each embedded by its
+            own table (offset 1, 2, ..., k), concatenated, projected to ``pred_hidden`` and passed through a ReLU
+            (``pred_rnn_layers`` is then unused). A short context cannot learn whole training sentences by heart.
     """
 
     pred_hidden: int = 640
     pred_rnn_layers: int = 1
     dropout: float = 0.2
+    context_size: int = 0
 
 
 @dataclass
@@ -162,6 +167,49 @@ class PredictionNetwork(torch.nn.Module):
         return out[:, 0], state
 
 
+class StatelessPredictionNetwork(torch.nn.Module):
+    """The last ``context_size`` labels (blank before the first): an embedding per offset, concatenated, a linear
+    layer to ``pred_hidden`` and a ReLU. Its state is the last ``context_size - 1`` labels, a (1, B, k-1) tensor in
+    a 1-tuple, so the decoders batch and select it along dim 1 as they do the LSTM's (h, c)."""
+
+    def __init__(self, vocab_size: int, blank: int, cfg: PredictionConfig) -> None:
+        super().__init__()
+        self.blank, self.context = blank, cfg.context_size
+        self.embed = torch.nn.Embedding(self.context * (vocab_size + 1), cfg.pred_hidden)
+        self.proj = torch.nn.Linear(self.context * cfg.pred_hidden, cfg.pred_hidden)
+        self.dropout = torch.nn.Dropout(cfg.dropout)
+        self.table = vocab_size + 1
+
+    def _features(self, context: torch.Tensor) -> torch.Tensor:
+        """context (..., k) labels, oldest first -> (..., H)."""
+        offsets = torch.arange(self.context - 1, -1, -1, device=context.device) * self.table  # newest: table 0
+        x = self.embed(context + offsets)  # (..., k, H)
+        return torch.relu(self.proj(self.dropout(x).flatten(-2)))
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        """tokens (B, U) -> outputs (B, U+1, H): position u reads ``tokens[:, u-k:u]`` (blank before the start)."""
+        padded = F.pad(tokens, (self.context, 0), value=self.blank)  # (B, U+k)
+        context = padded.unfold(1, self.context, 1)  # (B, U+1, k)
+        return self.dropout(self._features(context))
+
+    def step(self, tokens: torch.Tensor, state: tuple[torch.Tensor] | None) -> tuple[torch.Tensor, tuple[torch.Tensor]]:
+        """One label per utterance: tokens (B,), state ((1, B, k-1),) or None -> (B, H), new state."""
+        if state is None:
+            state = (torch.full((1, tokens.shape[0], self.context - 1), self.blank, dtype=tokens.dtype,
+                                device=tokens.device),)  # fmt: skip
+        context = torch.cat([state[0][0], tokens[:, None]], dim=1)  # (B, k)
+        return self._features(context), (context[None, :, 1:],)
+
+
+def prediction_network(vocab_size: int, blank: int, cfg: PredictionConfig) -> torch.nn.Module:
+    """The LSTM prediction network, or the stateless one when ``cfg.context_size`` >= 1."""
+    if cfg.context_size < 0:
+        raise ValueError(f"model.prediction.context_size must be >= 0 (0: LSTM), got {cfg.context_size}.")
+    if cfg.context_size:
+        return StatelessPredictionNetwork(vocab_size, blank, cfg)
+    return PredictionNetwork(vocab_size, blank, cfg)
+
+
 class JointNetwork(torch.nn.Module):
     """``activation(enc_proj(f) + pred_proj(g))`` -> dropout -> vocabulary + blank (+ durations) logits."""
 
@@ -220,7 +268,7 @@ class ConformerTransducerModel(ConformerCTCModel):
             self.decoder = None
         extra = len(self.durations) if cfg.loss == "tdt" else 0
         with seeded(self._init_seed + 200_000):
-            self.prediction = PredictionNetwork(vocab, self.blank, OmegaConf.to_object(cfg.prediction))
+            self.prediction = prediction_network(vocab, self.blank, OmegaConf.to_object(cfg.prediction))
             self.joint = JointNetwork(width * cfg.joint.frame_stack, cfg.prediction.pred_hidden, vocab + 1 + extra,
                                       OmegaConf.to_object(cfg.joint))  # fmt: skip
 
@@ -402,8 +450,11 @@ class ConformerTransducerModel(ConformerCTCModel):
         vocab1, d = self.tokenizer.vocab_size + 1, enc_cfg.d_model
         if cfg.hybrid:
             forward = forward + 2 * out_frames.sum() * d * vocab1
-        h, layers = cfg.prediction.pred_hidden, cfg.prediction.pred_rnn_layers
-        forward = forward + 2 * (labels + 1).sum() * layers * 4 * (2 * h * h)  # LSTM gates: input + recurrent
+        h, layers, k = cfg.prediction.pred_hidden, cfg.prediction.pred_rnn_layers, cfg.prediction.context_size
+        if k:
+            forward = forward + 2 * (labels + 1).sum() * k * h * h  # the stateless network's projection
+        else:
+            forward = forward + 2 * (labels + 1).sum() * layers * 4 * (2 * h * h)  # LSTM gates: input + recurrent
         j = cfg.joint.joint_hidden
         outputs = self.joint.out.out_features
         joint_frames = self.joint_lengths(out_frames)

@@ -26,7 +26,8 @@ from speechtrain.asr.ngram import BOS, EOS, UNK, NgramLM
 
 
 def _select_state(mask: torch.Tensor, new: tuple[torch.Tensor, ...], old: tuple[torch.Tensor, ...]):
-    """The LSTM state (h, c), each (L, B, H), taken from ``new`` where ``mask`` (B,) is set."""
+    """The prediction network's state (the LSTM's (h, c), each (L, B, H); the stateless network's labels, (1, B, k-1)),
+    taken from ``new`` where ``mask`` (B,) is set."""
     return tuple(torch.where(mask[None, :, None], n, o) for n, o in zip(new, old))
 
 
@@ -263,7 +264,7 @@ class _Hyp:
     t: int
     on_frame: int
     pred_proj: torch.Tensor
-    state: tuple[torch.Tensor, torch.Tensor]
+    state: tuple[torch.Tensor, ...]
     lm_state: tuple = ((), 0, 0.0)  # LexiconLM's (closed words, trie node, look-ahead held)
 
 
@@ -362,7 +363,7 @@ class TransducerBeamSearch:
         labelled = [c for c in candidates if c[2] is not None]
         if labelled:
             tokens = torch.tensor([c[2] for c in labelled], device=device)
-            states = tuple(torch.cat([c[1].state[j] for c in labelled], dim=1) for j in range(2))
+            states = tuple(torch.cat(parts, dim=1) for parts in zip(*(c[1].state for c in labelled)))
             new_out, new_state = self.prediction.step(tokens, states)
             new_proj = self.joint.pred_proj(new_out)
         index = 0

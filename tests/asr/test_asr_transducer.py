@@ -153,9 +153,9 @@ def test_frame_stack_runs_the_transducer_on_concatenated_encoder_frames():
         ConformerTransducerModel(_config(joint={**joint, "frame_stack": 0}))
 
 
-@pytest.mark.parametrize("loss", ["rnnt", "tdt"])
-def test_batched_greedy_decoding_equals_per_utterance(loss):
-    model = _model(loss=loss, scale=0.5).eval()
+@pytest.mark.parametrize("loss,context", [("rnnt", 0), ("tdt", 0), ("tdt", 2)])
+def test_batched_greedy_decoding_equals_per_utterance(loss, context):
+    model = _model(loss=loss, scale=0.5, prediction={"pred_hidden": 16, "dropout": 0.0, "context_size": context}).eval()
     g = torch.Generator().manual_seed(1)
     enc = torch.randn(5, 30, 16, generator=g)
     lengths = torch.tensor([30, 7, 22, 1, 15])
@@ -173,6 +173,29 @@ def test_batched_greedy_decoding_equals_per_utterance(loss):
             assert int(steps[b]) == int(lengths[b]) + len(hyps[b]["ids"]) - forced
         # at most max_symbols labels on one frame
         assert all(frames.count(f) <= 3 for f in set(frames))
+
+
+@pytest.mark.parametrize("context", [1, 3])
+def test_stateless_prediction_network_reads_only_the_last_labels_and_steps_as_it_trains(context):
+    model = _model(loss="tdt", scale=0.5, prediction={"pred_hidden": 16, "dropout": 0.0, "context_size": context})
+    prediction = model.prediction.eval()
+    assert not any(isinstance(m, torch.nn.LSTM) for m in prediction.modules())
+    tokens = torch.tensor([[3, 1, 4, 1, 5, 9], [2, 6, 5, 3, 5, 8]])
+    with torch.no_grad():
+        whole = prediction(tokens)  # (2, 7, 16)
+        out, state = prediction.step(torch.full((2,), model.blank), None)
+        stepped = [out]
+        for u in range(tokens.shape[1]):
+            out, state = prediction.step(tokens[:, u], state)
+            stepped.append(out)
+        torch.testing.assert_close(whole, torch.stack(stepped, dim=1), rtol=1e-5, atol=1e-5)
+        changed = tokens.clone()
+        changed[:, 0] = 7  # the first label: positions more than `context` labels later cannot see it
+        other = prediction(changed)
+    torch.testing.assert_close(other[:, context + 1 :], whole[:, context + 1 :], rtol=0, atol=0)
+    assert not torch.equal(other[:, 1], whole[:, 1])
+    with pytest.raises(ValueError, match="context_size"):
+        _model(prediction={"pred_hidden": 16, "context_size": -1})
 
 
 def test_tdt_greedy_skips_frames_on_a_model_that_predicts_long_durations():
@@ -238,9 +261,9 @@ def test_word_timestamps_follow_the_alignment(dtmf_manifest):
     assert words == [{"word": "12", "start": 0.0, "end": 0.12}, {"word": "3", "start": 0.24, "end": 0.32}]
 
 
-@pytest.mark.parametrize("loss", ["rnnt", "tdt"])
-def test_beam_search_with_and_without_an_lm(tmp_path, loss):
-    model = _model(loss=loss, scale=0.5).eval()
+@pytest.mark.parametrize("loss,context", [("rnnt", 0), ("tdt", 0), ("tdt", 1)])
+def test_beam_search_with_and_without_an_lm(tmp_path, loss, context):
+    model = _model(loss=loss, scale=0.5, prediction={"pred_hidden": 16, "dropout": 0.0, "context_size": context}).eval()
     enc, lengths = torch.randn(2, 12, 16), torch.tensor([12, 8])
     greedy = model.decode(enc, lengths, "greedy")
     model.cfg.decoding.beam_size = 1
