@@ -6,6 +6,9 @@
     python benchmarks/asr_decoding.py speechtrain_experiments/asr_demo/*/asr_demo.stm --audio builtin:speech/dev \\
         --limit 200 --strategies greedy beam --lm 0.3,1.5,8 1.0,1,4     # an LM weight / word score / beam sweep
 
+    python benchmarks/asr_decoding.py <archive> --audio builtin:speech/train --limit 400 --strategies greedy \
+        --decoder-type ctc        # how well it fits its training data; a hybrid model's CTC head alone
+
 Prints one row per (archive, strategy[, LM setting]): WER, CER, RTFx (audio seconds per second of transcription,
 batched by duration as the transcription CLI does, model loading excluded) and, for transducers' greedy decoding,
 the mean encoder frames advanced per decoder step (RNN-T: below 1; TDT: above 1 when it skips frames).
@@ -27,6 +30,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--strategies", nargs="+", default=["greedy", "beam"])
     parser.add_argument("--batch-duration", type=float, default=300.0)
     parser.add_argument("--limit", type=int, default=None, help="only the manifest's first N utterances")
+    parser.add_argument("--decoder-type", default=None, choices=["transducer", "ctc"],
+                        help="a hybrid archive's head to decode with (default: the archive's own)")  # fmt: skip
     parser.add_argument("--lm", nargs="+", default=[], metavar="WEIGHT,WORD_SCORE,BEAM",
                         help="beam search settings to compare (default: the archive's own)")  # fmt: skip
     args = parser.parse_args(argv)
@@ -41,7 +46,10 @@ def main(argv: list[str] | None = None) -> None:
             if setting is not None:
                 decoding.update(lm_weight=setting[0], word_score=setting[1], beam_size=int(setting[2]))
                 strategy = f"beam (LM {setting[0]:g}, word score {setting[1]:g}, beam {int(setting[2])})"
-            model = SpeechModel.restore_from(archive, override_config={"decoding": decoding}).eval()
+            override = {"decoding": decoding}
+            if args.decoder_type:
+                override["decoder_type"] = args.decoder_type
+            model = SpeechModel.restore_from(archive, override_config=override).eval()
             steps = getattr(model, "decode_steps", None)
             if steps is not None:
                 steps.zero_()

@@ -192,7 +192,9 @@ class StatelessPredictionNetwork(torch.nn.Module):
         context = padded.unfold(1, self.context, 1)  # (B, U+1, k)
         return self.dropout(self._features(context))
 
-    def step(self, tokens: torch.Tensor, state: tuple[torch.Tensor] | None) -> tuple[torch.Tensor, tuple[torch.Tensor]]:
+    def step(
+        self, tokens: torch.Tensor, state: tuple[torch.Tensor] | None
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor]]:
         """One label per utterance: tokens (B,), state ((1, B, k-1),) or None -> (B, H), new state."""
         if state is None:
             state = (torch.full((1, tokens.shape[0], self.context - 1), self.blank, dtype=tokens.dtype,

@@ -155,7 +155,8 @@ def test_frame_stack_runs_the_transducer_on_concatenated_encoder_frames():
 
 @pytest.mark.parametrize("loss,context", [("rnnt", 0), ("tdt", 0), ("tdt", 2)])
 def test_batched_greedy_decoding_equals_per_utterance(loss, context):
-    model = _model(loss=loss, scale=0.5, prediction={"pred_hidden": 16, "dropout": 0.0, "context_size": context}).eval()
+    prediction = {"pred_hidden": 16, "dropout": 0.0, "context_size": context}
+    model = _model(loss=loss, scale=0.5, prediction=prediction).eval()
     g = torch.Generator().manual_seed(1)
     enc = torch.randn(5, 30, 16, generator=g)
     lengths = torch.tensor([30, 7, 22, 1, 15])
@@ -263,7 +264,8 @@ def test_word_timestamps_follow_the_alignment(dtmf_manifest):
 
 @pytest.mark.parametrize("loss,context", [("rnnt", 0), ("tdt", 0), ("tdt", 1)])
 def test_beam_search_with_and_without_an_lm(tmp_path, loss, context):
-    model = _model(loss=loss, scale=0.5, prediction={"pred_hidden": 16, "dropout": 0.0, "context_size": context}).eval()
+    prediction = {"pred_hidden": 16, "dropout": 0.0, "context_size": context}
+    model = _model(loss=loss, scale=0.5, prediction=prediction).eval()
     enc, lengths = torch.randn(2, 12, 16), torch.tensor([12, 8])
     greedy = model.decode(enc, lengths, "greedy")
     model.cfg.decoding.beam_size = 1
