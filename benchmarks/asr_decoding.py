@@ -6,7 +6,7 @@
     python benchmarks/asr_decoding.py speechtrain_experiments/asr_demo/*/asr_demo.stm --audio builtin:speech/dev \\
         --limit 200 --strategies greedy beam --lm 0.3,1.5,8 1.0,1,4     # an LM weight / word score / beam sweep
 
-    python benchmarks/asr_decoding.py <archive> --audio builtin:speech/train --limit 400 --strategies greedy \
+    python benchmarks/asr_decoding.py <archive> --audio builtin:speech/train --limit 400 --strategies greedy \\
         --decoder-type ctc        # how well it fits its training data; a hybrid model's CTC head alone
 
 Prints one row per (archive, strategy[, LM setting]): WER, CER, RTFx (audio seconds per second of transcription,

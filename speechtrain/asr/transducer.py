@@ -178,12 +178,14 @@ class StatelessPredictionNetwork(torch.nn.Module):
         self.embed = torch.nn.Embedding(self.context * (vocab_size + 1), cfg.pred_hidden)
         self.proj = torch.nn.Linear(self.context * cfg.pred_hidden, cfg.pred_hidden)
         self.dropout = torch.nn.Dropout(cfg.dropout)
-        self.table = vocab_size + 1
+        # where each offset's table starts (the newest label: table 0); a buffer, so it moves with the model and no
+        # decoding step makes a tensor
+        offsets = torch.arange(self.context - 1, -1, -1) * (vocab_size + 1)
+        self.register_buffer("offsets", offsets, persistent=False)
 
     def _features(self, context: torch.Tensor) -> torch.Tensor:
         """context (..., k) labels, oldest first -> (..., H)."""
-        offsets = torch.arange(self.context - 1, -1, -1, device=context.device) * self.table  # newest: table 0
-        x = self.embed(context + offsets)  # (..., k, H)
+        x = self.embed(context + self.offsets)  # (..., k, H)
         return torch.relu(self.proj(self.dropout(x).flatten(-2)))
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
