@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def run(script: str, args: list[str], out: Path, name: str, corpus: str) -> tuple[list[tuple[int, float]], str]:
     """Run an example; returns ([(step, greedy val WER)], its closing output)."""
-    data = [f"model.train_ds.manifest_filepath={corpus}/heldout_engine_train",
+    data = [f"model.train_ds.manifest_filepath={corpus}/heldout_engine_train", "model.train_ds.input_cfg=null",
             f"model.validation_ds.manifest_filepath=[{corpus}/heldout_engine]"]  # fmt: skip
     command = [sys.executable, str(ROOT / "examples" / script), *args, *data, f"name={name}",
                f"exp_manager.exp_dir={out}"]  # fmt: skip

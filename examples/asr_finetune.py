@@ -24,6 +24,7 @@ from speechtrain.core.model import SpeechModel
 from speechtrain.lightning import Trainer, teardown
 
 logger = logging.getLogger("asr_finetune")
+DATA_KEYS = ("manifest_filepath", "cuts_path", "shar_path", "input_cfg", "is_tarred", "tarred_audio_filepaths")
 
 
 def finetune_model(
@@ -34,9 +35,16 @@ def finetune_model(
     ``decoding.lm_path: null`` fits a new beam-search LM on the new training transcripts. ``defer``: load the
     weights when the trainer builds the layers (under tensor parallelism each rank then takes its slices)."""
     overrides = dict(overrides)
+    base_cfg = OmegaConf.create(to_plain(base.cfg))
+    for node in ("train_ds", "validation_ds"):  # the data named here replaces the archive's, not joins it
+        given = dict(overrides.get(node) or {})
+        if node in base_cfg and any(given.get(k) for k in DATA_KEYS):
+            for key in DATA_KEYS:
+                if key in base_cfg[node] and key not in given:
+                    base_cfg[node][key] = False if key == "is_tarred" else None
     tokenizer = dict(overrides.get("tokenizer") or {})
     new_tokenizer = bool(tokenizer) and any(k in tokenizer for k in ("path", "vocab", "vocab_size", "type"))
-    cfg = OmegaConf.merge(OmegaConf.create(to_plain(base.cfg)), OmegaConf.create(overrides))
+    cfg = OmegaConf.merge(base_cfg, OmegaConf.create(overrides))
     if new_tokenizer and not tokenizer.get("path") and not tokenizer.get("vocab"):
         cfg.tokenizer.path, cfg.tokenizer.vocab = None, None
         ensure_tokenizer(cfg.tokenizer, cfg.train_ds)

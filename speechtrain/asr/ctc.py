@@ -83,21 +83,36 @@ def _training_texts(train_data: Any, what: str, *params: Any) -> tuple[list[tupl
     """The transcript files of the training data and a cache key of (their paths and sizes, ``params``).
 
     ``train_data``: a manifest path (or list of them, ``builtin:`` names included), or a dataset config whose
-    ``manifest_filepath`` (NeMo manifests; brace patterns for tarred data) and ``cuts_path`` (lhotse cuts) are read.
+    ``manifest_filepath`` (NeMo manifests; brace patterns for tarred data) and ``cuts_path`` (lhotse cuts) are read,
+    and the NeMo manifests and lhotse cuts of its ``input_cfg`` sources. Each file counts once, whatever its weight
+    or repeat; a built-in engine view (``builtin:speech/train@piper``) counts as its whole split.
     """
     import hashlib
 
     from speechtrain.data.nemo_adapters import expand_paths
 
-    manifests, cuts, tarred = train_data, None, False
+    manifests, cuts, tarred, sources = train_data, None, False, []
     if train_data is not None and not isinstance(train_data, str | Path) and hasattr(train_data, "manifest_filepath"):
         manifests, cuts = train_data.manifest_filepath, getattr(train_data, "cuts_path", None)
         tarred = bool(getattr(train_data, "is_tarred", False))
-    files = [("nemo", Path(p if tarred else resolve_manifest(p)).resolve())
-             for m in _flat(manifests) for p in (expand_paths(m, "manifest_filepath") if tarred else [m])]  # fmt: skip
-    files += [("cuts", Path(c).resolve()) for c in _flat(cuts)]
+        sources = list(getattr(train_data, "input_cfg", None) or [])
+    manifests, cuts = [(m, tarred) for m in _flat(manifests)], _flat(cuts)
+    while sources:  # input_cfg: sources and groups of them
+        entry = dict(sources.pop(0))
+        sources += list(entry.get("input_cfg") or [])
+        if entry.get("type", "nemo") in ("nemo", "nemo_tarred") and entry.get("manifest_filepath"):
+            manifests += [(m, tarred or entry.get("type") == "nemo_tarred") for m in _flat(entry["manifest_filepath"])]
+        cuts += _flat(entry.get("cuts_path")) if entry.get("type") == "lhotse" else []
+
+    def whole_split(name: str) -> str:
+        return name.partition("@")[0] if name.startswith("builtin:") else name
+
+    files = [("nemo", Path(p if t else resolve_manifest(whole_split(p))).resolve())
+             for m, t in manifests for p in (expand_paths(m, "manifest_filepath") if t else [m])]  # fmt: skip
+    files += [("cuts", Path(c).resolve()) for c in cuts]
+    files = list(dict.fromkeys(files))
     if not files:
-        raise ValueError(f"There is no train_ds.manifest_filepath or cuts_path to train {what} on.")
+        raise ValueError(f"There is no train_ds.manifest_filepath, cuts_path or input_cfg manifest to fit {what} on.")
     for kind, path in files:
         if not path.is_file():
             key = "manifest_filepath" if kind == "nemo" else "cuts_path"

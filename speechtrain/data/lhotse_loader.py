@@ -82,6 +82,18 @@ class LoaderConfig:
     drop_last: bool = False
     augmentation: AugmentationConfig = field(default_factory=AugmentationConfig)
 
+    def __post_init__(self) -> None:
+        # input_cfg names all of the data: a manifest set beside it (a command-line override of a recipe that
+        # blends, or a fine-tuning set over an archive's blend) would otherwise be read together with the blend.
+        if self.input_cfg:
+            given = {k: getattr(self, k) for k in ("manifest_filepath", "cuts_path", "shar_path") if getattr(self, k)}
+            if given:
+                key, value = next(iter(given.items()))
+                raise ValueError(
+                    f"The dataset names its data twice: input_cfg and {key}={value}. Set one of them: "
+                    f"input_cfg=null to read {key} alone, or {key}=null to read the input_cfg blend."
+                )
+
 
 class CutBatch(NamedTuple):
     """What the sampler yields: a batch of cuts and the epoch it belongs to (seeds the augmentations)."""
@@ -153,15 +165,20 @@ def _source(entry: Any, sample_rate: int, seed: int, where: str) -> Any:
     kind = entry.get("type", "nemo")
     if kind not in _SOURCE_KEYS:
         raise ValueError(f"{where}.type={kind!r} is not a source type; choose one of {', '.join(_SOURCE_KEYS)}.")
-    allowed = _SOURCE_KEYS[kind] | {"type", "weight", "tags"}
+    allowed = _SOURCE_KEYS[kind] | {"type", "weight", "tags", "repeat"}
     unknown = sorted(set(entry) - allowed)
     if unknown:
         raise ValueError(f"{where}: unknown key(s) {unknown} for a {kind!r} source; allowed: {sorted(allowed)}.")
     missing = sorted(_SOURCE_KEYS[kind] - set(entry))
     if missing:
         raise ValueError(f"{where}: a {kind!r} source needs {missing[0]}.")
+    repeat = entry.get("repeat", 1)
+    if not isinstance(repeat, int) or isinstance(repeat, bool) or repeat < 1:
+        raise ValueError(f"{where}.repeat must be a whole number >= 1, got {repeat!r}.")
     if kind == "nemo":
-        cuts = cuts_from_nemo_manifest(entry["manifest_filepath"], sample_rate)
+        from speechtrain.data.synthetic import resolve_manifest
+
+        cuts = cuts_from_nemo_manifest(resolve_manifest(entry["manifest_filepath"]), sample_rate)
     elif kind == "lhotse":
         cuts = cuts_from_lhotse_manifest(entry["cuts_path"])
     elif kind == "lhotse_shar":
@@ -171,7 +188,8 @@ def _source(entry: Any, sample_rate: int, seed: int, where: str) -> Any:
     tags = dict(entry.get("tags") or {})
     if tags:
         cuts = cuts.map(functools.partial(_with_tags, tags=tags))
-    return cuts
+    # lhotse's repeat gives each pass's cuts their own ids (``<id>_repeat<n>``), so a sampler sees no duplicates.
+    return cuts.repeat(times=repeat) if repeat > 1 else cuts
 
 
 def _with_tags(cut: Any, tags: dict[str, Any]) -> Any:
@@ -182,9 +200,12 @@ def _with_tags(cut: Any, tags: dict[str, Any]) -> Any:
 def blend_sources(sources: list[Any], sample_rate: int, seed: int = 0, where: str = "input_cfg") -> Any:
     """Mix the sources of an ``input_cfg`` list by their ``weight`` (default 1; groups nest, weights multiply).
 
-    Each source is ``{type: nemo|lhotse|lhotse_shar|group, <its path key>, weight, tags}``; ``tags`` become custom
-    fields of every cut of that source. While every source still has data, cuts are drawn from source i with
-    probability ``weight_i / sum(weights)``; every cut of every source is used once per epoch.
+    Each source is ``{type: nemo|lhotse|lhotse_shar|group, <its path key>, weight, tags, repeat}``; ``tags`` become
+    custom fields of every cut of that source; ``repeat: n`` reads the source n times per epoch (default 1), to
+    weight a small source without shortening the others. ``builtin:`` names are resolved. While every source still
+    has data, cuts are drawn from source i with probability ``weight_i / sum(weights)``; every cut of every source
+    (times its repeat) is used once per epoch. Weights proportional to each source's cuts (times its repeat) make
+    the sources run out together, so every stretch of the epoch has the same mix.
     """
     from lhotse import CutSet
 

@@ -80,6 +80,8 @@ SPEECH_ENGINES = {"espeak": 0.4, "piper": 0.3, "festival": 0.3}  # share of the 
 HELDOUT_ENGINE = "flite"
 HELDOUT_SPLITS = {"heldout_engine": "test", "heldout_engine_train": "train"}  # split -> its sentences' pool
 HELDOUT_UTTERANCES = 400
+EXTRA_SPLIT = "train_extra"  # extra training speech, planned after every other split (see plan_speech's ``extra``)
+SPEECH_EXTRA = {"espeak": 12.0}  # builtin:speech/train_extra: hours per engine (train_extra-espeak12h-piper1h: others)
 PIPER_VOICES = ("joe",)
 FLITE_VOICES = ("kal", "kal16", "awb", "rms", "slt")
 FESTIVAL_VOICES = ("kal_diphone", "ked_diphone", "cmu_us_slt_arctic_hts")
@@ -191,16 +193,23 @@ def plan_speech(
     engines: dict[str, float] | None = None,
     heldout: str | None = HELDOUT_ENGINE,
     heldout_utterances: int = HELDOUT_UTTERANCES,
+    extra: dict[str, float] | None = None,
 ) -> list[Utterance]:
     """The multi-engine corpus: about ``hours`` of speech in train/dev/test, each utterance read by an engine drawn
     with ``engines``' weights; then ``heldout_utterances`` utterances of each ``HELDOUT_SPLITS`` split read by
     the ``heldout`` engine (sentences from the test pool for ``heldout_engine``, unused train-pool ones for
-    ``heldout_engine_train``)."""
+    ``heldout_engine_train``); then, with ``extra`` (engine -> hours), that much more training speech in the
+    ``train_extra`` split: unused train-pool sentences read by training voices of those engines. Each phase comes
+    after the one before, so ``extra`` changes none of the other splits' utterances."""
     engines = dict(SPEECH_ENGINES if engines is None else engines)
+    extra = dict(extra or {})
     if heldout in engines:
         raise ValueError(f"The held-out synthesiser {heldout!r} cannot also be a training engine ({engines}).")
     if not engines or min(engines.values()) < 0 or sum(engines.values()) <= 0:
         raise ValueError(f"Engine weights must be non-negative and not all zero, got {engines}.")
+    if set(extra) - set(engines) or any(h < 0 for h in extra.values()):
+        raise ValueError(f"Extra training hours must be >= 0 and for training engines ({sorted(engines)}), "
+                         f"got {extra}.")  # fmt: skip
     rng = random.Random(seed)
     names, weights = list(engines), list(engines.values())
     voices = {e: _engine_voices(e, seed) for e in names}
@@ -209,7 +218,7 @@ def plan_speech(
         voices[heldout] = _engine_voices(heldout, seed, heard)
     generator = SentenceGenerator(seed)
     planned: list[Utterance] = []
-    counts = dict.fromkeys([*SPLITS, *HELDOUT_SPLITS], 0)
+    counts = dict.fromkeys([*SPLITS, *HELDOUT_SPLITS, EXTRA_SPLIT], 0)
     wanted = {split: heldout_utterances if heldout else 0 for split in HELDOUT_SPLITS}
     seconds = 0.0
 
@@ -221,7 +230,7 @@ def plan_speech(
                 id=f"{SPEECH_CORPUS_NAME}-{split}-{counts[split]:06d}",
                 split=split,
                 text=text,
-                voice=rng.choice(voices[engine][split]),
+                voice=rng.choice(voices[engine]["train" if split == EXTRA_SPLIT else split]),
                 rate=rate,
                 pitch=rng.randint(*PITCH),
                 engine=engine,
@@ -241,6 +250,14 @@ def plan_speech(
                 held = next((s for s, pool in HELDOUT_SPLITS.items() if pool == split and counts[s] < wanted[s]), None)
                 if held is not None:
                     add(held, text, heldout)
+    extra_names, extra_hours = [e for e in extra if extra[e] > 0], [h for h in extra.values() if h > 0]
+    seconds, target = 0.0, sum(extra_hours) * 3600
+    while seconds < target:
+        for text in generator.sentences(1000):
+            if split_of(text, SPLITS, seed) == "train":
+                seconds += add(EXTRA_SPLIT, text, rng.choices(extra_names, extra_hours)[0])
+                if seconds >= target:
+                    break
     return planned
 
 
@@ -529,6 +546,38 @@ def build_speech_corpus(
     return _build(Path(out), params, lambda: plan_speech(hours, seed, engines, heldout, heldout_utterances), workers)
 
 
+def build_speech_extra(
+    extra: dict[str, float],
+    hours: float = 12.0,
+    seed: int = 0,
+    workers: int = 2,
+    engines: dict[str, float] | None = None,
+    heldout: str | None = HELDOUT_ENGINE,
+    heldout_utterances: int = HELDOUT_UTTERANCES,
+) -> dict:
+    """Build (or reuse) the ``train_extra`` split of the corpus of :func:`build_speech_corpus` with the same
+    arguments: ``extra`` (engine -> hours) more training speech on sentences no other split reads. It is a corpus
+    of its own beside the main one, so adding it (or changing its size) renders only its utterances."""
+    engines = dict(SPEECH_ENGINES if engines is None else engines)
+    extra = {e: float(h) for e, h in extra.items()}
+    params = {"name": SPEECH_CORPUS_NAME, "version": SPEECH_CORPUS_VERSION, "hours": hours, "seed": seed,
+              "engines": engines, "heldout": heldout, "extra": extra}  # fmt: skip
+    if heldout_utterances != HELDOUT_UTTERANCES:
+        params["heldout_utterances"] = heldout_utterances
+    from speechtrain.data.synthetic import default_datasets_cache
+
+    mix = "-".join(f"{e}{w:g}" for e, w in engines.items()) + (f"-out-{heldout}" if heldout else "")
+    more = "-".join(f"{e}{h:g}h" for e, h in extra.items())
+    out = (default_datasets_cache() / f"{SPEECH_CORPUS_NAME}-v{SPEECH_CORPUS_VERSION}"
+           / f"{hours:g}h-seed{seed}-{mix}-extra-{more}")  # fmt: skip
+
+    def planner() -> list[Utterance]:
+        planned = plan_speech(hours, seed, engines, heldout, heldout_utterances, extra)
+        return [u for u in planned if u.split == EXTRA_SPLIT]
+
+    return _build(out, params, planner, workers)
+
+
 def _build(root: Path, params: dict, planner, workers: int) -> dict:
     """Build the corpus at ``root`` unless a finished one with ``params`` is there. Several processes (the ranks of
     a run that resolves ``builtin:`` names after they start, or two jobs) may ask for the same corpus at once: an
@@ -547,7 +596,8 @@ def _build_locked(root: Path, params: dict, planner, workers: int) -> dict:
             return record
     start = time.perf_counter()
     planned = planner()
-    splits = list(dict.fromkeys([*SPLITS, *(u.split for u in planned)]))
+    main = SPLITS if any(u.split in SPLITS for u in planned) else {}  # an extra-only corpus has none of them
+    splits = list(dict.fromkeys([*main, *(u.split for u in planned)]))
     for split in splits:
         shutil.rmtree(root / split, ignore_errors=True)
         (root / split / "audio").mkdir(parents=True)

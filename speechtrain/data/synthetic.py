@@ -274,20 +274,30 @@ def resolve_manifest(manifest_filepath: str | os.PathLike) -> Path:
       ``builtin:espeak-tts-<H>h[-seed<S>]/<split>`` for another size or seed;
     - ``builtin:speech/<train|dev|test|heldout_engine|heldout_engine_train>``: the multi-engine corpus (eSpeak NG,
       Piper and Festival mixed 4:3:3, Flite held out; 10 h planned, seed 0);
-      ``builtin:speech-<H>h[-seed<S>]/<split>`` for another size or seed (see :mod:`speechtrain.data.speech_corpus`).
+      ``builtin:speech-<H>h[-seed<S>]/<split>`` for another size or seed (see :mod:`speechtrain.data.speech_corpus`);
+      ``builtin:speech/train_extra``: more training speech on sentences no other split reads (eSpeak NG, 12 h
+      planned), built beside the corpus; ``train_extra-espeak6h-piper1h`` for other engines and hours;
+    - ``builtin:<corpus>/<split>@<engine>[+<engine>...]``: only those engines' utterances of the split (e.g.
+      ``builtin:speech/train@piper+festival``), to weight engines in an ``input_cfg`` blend.
     """
     name = str(manifest_filepath)
     if not name.startswith("builtin:"):
         return Path(name)
     corpus, _, split = name[len("builtin:") :].partition("/")
+    split, at, engines = split.partition("@")
+    if at:  # one engine's (or several engines') utterances of a built-in split: a filtered copy of its manifest
+        return engine_view(resolve_manifest(f"builtin:{corpus}/{split}"), engines.split("+"), name)
     if corpus == CORPUS_NAME and split in DEFAULT_SPLITS:
         return prepare_dtmf_corpus()[split]
     if corpus == "speech" or corpus.startswith("speech-"):
-        from speechtrain.data.speech_corpus import HELDOUT_SPLITS, SPLITS, build_speech_corpus
+        from speechtrain.data.speech_corpus import HELDOUT_SPLITS, SPLITS, build_speech_corpus, build_speech_extra
 
         hours, seed = _espeak_params("espeak" + corpus[len("speech") :])
         if corpus == "speech":
             hours = SPEECH_DEFAULT_HOURS
+        extra = _extra_params(split)
+        if hours is not None and extra is not None:
+            return Path(build_speech_extra(extra, hours=hours, seed=seed)["splits"]["train_extra"]["manifest"])
         if hours is not None and (split in SPLITS or split in HELDOUT_SPLITS):
             return Path(build_speech_corpus(hours=hours, seed=seed)["splits"][split]["manifest"])
     if corpus.startswith("espeak"):
@@ -307,8 +317,52 @@ def resolve_manifest(manifest_filepath: str | os.PathLike) -> Path:
         "builtin:espeak-<H>h[-seed<S>]/train|dev|test",
         "builtin:espeak-tts[-<H>h][-seed<S>]/train|dev|test",
         "builtin:speech[-<H>h][-seed<S>]/train|dev|test|heldout_engine|heldout_engine_train",
+        "builtin:speech[-<H>h][-seed<S>]/train_extra[-<engine><H>h...]",
     ]
     raise ValueError(f"Unknown built-in corpus {name!r}; choose one of: {', '.join(choices)}.")
+
+
+def engine_view(manifest: Path, engines: list[str], name: str) -> Path:
+    """The utterances of ``manifest`` read by one of ``engines`` (its rows' ``engine``; eSpeak NG when a row has
+    none), as a manifest beside it (``manifest.<engines>.json``, written once; relative audio paths still hold)."""
+    from speechtrain.data.manifest import iter_nemo_manifest
+
+    if not all(engines):
+        raise ValueError(f"{name}: name the engines after '@', joined by '+' (e.g. @piper+festival).")
+    out = manifest.with_name(f"{manifest.stem}.{'+'.join(engines)}.json")
+    if out.is_file() and out.stat().st_mtime >= manifest.stat().st_mtime:
+        return out
+    kept = 0
+    tmp = out.with_name(f".{out.name}.{os.getpid()}")
+    with open(manifest, encoding="utf-8") as rows, open(tmp, "w", encoding="utf-8") as view:
+        for line in rows:
+            if line.strip() and json.loads(line).get("engine", "espeak") in engines:
+                view.write(line if line.endswith("\n") else line + "\n")
+                kept += 1
+    if kept == 0:
+        tmp.unlink()
+        found = sorted({r.get("engine", "espeak") for r in iter_nemo_manifest(manifest)})
+        raise ValueError(f"{name}: no utterance of {manifest} is read by {'+'.join(engines)}; its engines: {found}.")
+    os.replace(tmp, out)
+    return out
+
+
+def _extra_params(split: str) -> dict[str, float] | None:
+    """``train_extra`` -> the default extra hours; ``train_extra-espeak12h-piper1.5h`` -> {espeak: 12, piper: 1.5};
+    any other split -> None."""
+    import re
+
+    from speechtrain.data.speech_corpus import EXTRA_SPLIT, SPEECH_EXTRA
+
+    if split == EXTRA_SPLIT:
+        return dict(SPEECH_EXTRA)
+    if not split.startswith(EXTRA_SPLIT + "-"):
+        return None
+    parts = split[len(EXTRA_SPLIT) + 1 :].split("-")
+    matches = [re.fullmatch(r"([a-z]+)(\d+(?:\.\d+)?)h", part) for part in parts]
+    if not all(matches):
+        return None
+    return {m.group(1): float(m.group(2)) for m in matches}
 
 
 def _espeak_params(corpus: str) -> tuple[float | None, int]:

@@ -349,6 +349,20 @@ def test_finetune_with_a_new_vocabulary_keeps_the_encoder_and_reports_the_decode
     assert all(torch.equal(same.state_dict()[k], v) for k, v in base.state_dict().items())
 
 
+def test_finetuning_data_replaces_the_archives_blend_instead_of_joining_it(dtmf_manifest):
+    blend = [{"manifest_filepath": str(dtmf_manifest), "weight": 2}, {"manifest_filepath": str(dtmf_manifest)}]
+    train = {"manifest_filepath": None, "input_cfg": blend, "batch_size": 8, "batch_duration": None, "num_workers": 0}
+    base = ConformerCTCModel(_config(train_ds=train))
+    finetune = _finetune_module()
+    model = finetune.finetune_model(base, {"train_ds": {"manifest_filepath": "new/train.json"}})
+    assert model.cfg.train_ds.manifest_filepath == "new/train.json" and model.cfg.train_ds.input_cfg is None
+    assert model.cfg.train_ds.batch_size == 8, "the archive's other settings stay"
+    kept = finetune.finetune_model(base, {"optim": {"lr": 1e-4}})
+    assert kept.cfg.train_ds.input_cfg == blend
+    with pytest.raises(ValueError, match=r"names its data twice: input_cfg and manifest_filepath=x.json"):
+        LoaderConfig(manifest_filepath="x.json", input_cfg=blend)
+
+
 def test_the_finetune_command_line_sets_model_keys_without_plus_and_catches_typos():
     from speechtrain.common.config import ConfigError
     from speechtrain.core.hydra_runner import compose_config

@@ -119,6 +119,29 @@ def _model_config(manifest, lm_path):
     }  # fmt: skip
 
 
+def test_the_lm_and_tokenizer_read_input_cfg_manifests_once_and_an_engine_view_as_its_split(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    import speechtrain.data.synthetic as synthetic
+    from speechtrain.asr.ctc import _training_texts
+
+    a, b, c = (tmp_path / f"{n}.json" for n in "abc")
+    for path in (a, b, c):
+        path.write_text('{"audio_filepath": "x.wav", "duration": 1.0, "text": "one two"}\n')
+    monkeypatch.setattr(synthetic, "resolve_manifest",
+                        lambda name: c if str(name) == "builtin:speech/train" else Path(name))  # fmt: skip
+    data = SimpleNamespace(manifest_filepath=None, cuts_path=None, is_tarred=False, input_cfg=[
+        {"manifest_filepath": str(a), "weight": 2, "repeat": 3},
+        {"type": "group", "input_cfg": [{"manifest_filepath": str(b)}, {"manifest_filepath": str(a)}]},
+        {"manifest_filepath": "builtin:speech/train@piper", "repeat": 2},
+        {"manifest_filepath": "builtin:speech/train"},
+    ])  # fmt: skip
+    files, _ = _training_texts(data, "an n-gram LM")
+    assert files == [("nemo", a.resolve()), ("nemo", c.resolve()), ("nemo", b.resolve())]
+    with pytest.raises(ValueError, match="input_cfg manifest to fit"):
+        _training_texts(SimpleNamespace(manifest_filepath=None, cuts_path=None, input_cfg=None), "a tokenizer")
+
+
 def test_a_fitted_lm_travels_in_the_archive_and_validate_reports_both_decodings(tmp_path, dtmf_manifest,
                                                                                monkeypatch):  # fmt: skip
     monkeypatch.setattr(settings, "SPEECHTRAIN_DATASETS_CACHE", tmp_path / "cache")

@@ -320,6 +320,7 @@ def test_the_example_picks_the_transducer_for_its_configs_and_trains(tmp_path, d
                  "trainer.val_check_interval=4", "trainer.check_val_every_n_epoch=null",
                  "trainer.enable_progress_bar=false", "trainer.enable_model_summary=false",
                  f"model.tokenizer.path={tokenizer}", f"model.train_ds.manifest_filepath={dtmf_manifest}",
+                 "model.train_ds.input_cfg=null",  # the recipe blends builtin:speech: read this manifest alone
                  f"model.validation_ds.manifest_filepath={dtmf_manifest}", "model.size=debug",
                  "model.encoder.d_model=16", "model.encoder.num_layers=1", "model.encoder.num_heads=2",
                  "model.encoder.subsampling_conv_channels=8", "model.encoder.subsampling_factor=2",
@@ -327,10 +328,14 @@ def test_the_example_picks_the_transducer_for_its_configs_and_trains(tmp_path, d
                  "model.train_ds.batch_size=8", "model.train_ds.batch_duration=null", "model.train_ds.num_workers=0",
                  "model.decoding.lm_order=0", "exp_manager.checkpoint_callback_params.save_top_k=1",
                  *UNET_OFF]  # fmt: skip
-    cfg = compose_config(conf, "asr_train_hybrid", overrides, schema)
     spec = importlib.util.spec_from_file_location("asr_train_example", EXAMPLES / "asr_train.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
+    # A manifest given over the recipe's blend without input_cfg=null is refused by name, not read with the blend.
+    both = compose_config(conf, "asr_train_hybrid", [o for o in overrides if "input_cfg" not in o], schema)
+    with pytest.raises(ValueError, match="names its data twice: input_cfg and manifest_filepath="):
+        module.main(both)
+    cfg = compose_config(conf, "asr_train_hybrid", overrides, schema)
     model = module.main(cfg)
     assert model.cfg.hybrid and model.trainer.global_step == 4
     (archive,) = (tmp_path / "exp" / "asr_hybrid_demo").glob("*/asr_hybrid_demo.stm")

@@ -143,3 +143,25 @@ def test_input_cfg_blends_by_weight_with_tags_and_uses_every_cut(tmp_path):
         read_cuts(LoaderConfig(input_cfg=[{"manifest": str(a)}]))
     with pytest.raises(ValueError, match="not a source type"):
         read_cuts(LoaderConfig(input_cfg=[{"type": "tarred", "manifest_filepath": str(a)}]))
+
+
+def test_input_cfg_repeat_reads_a_source_n_times_with_new_ids_and_weights_by_cuts_keep_the_mix(tmp_path):
+    a = make_dtmf_corpus(tmp_path / "a", 60, seed=1)
+    b = make_dtmf_corpus(tmp_path / "b", 200, seed=2)
+    cfg = LoaderConfig(
+        input_cfg=[
+            {"manifest_filepath": str(a), "repeat": 3, "weight": 180, "tags": {"corpus": "a"}},
+            {"manifest_filepath": str(b), "weight": 200, "tags": {"corpus": "b"}},
+        ],
+        seed=1,
+    )  # fmt: skip
+    blended = list(read_cuts(cfg))
+    assert len(blended) == 380 and len({c.id for c in blended}) == 380
+    ids_a = [c.id for c in blended if c.custom["corpus"] == "a"]
+    assert len(ids_a) == 180 and len({i.rsplit("_repeat", 1)[0] for i in ids_a}) == 60
+    # weights proportional to cuts x repeat: every stretch of the epoch has about the same mix
+    for part in (blended[:190], blended[190:]):
+        assert 0.35 <= sum(c.custom["corpus"] == "a" for c in part) / len(part) <= 0.6
+    for bad in (0, 1.5, True):
+        with pytest.raises(ValueError, match=r"input_cfg\[0\].repeat must be a whole number"):
+            read_cuts(LoaderConfig(input_cfg=[{"manifest_filepath": str(a), "repeat": bad}]))

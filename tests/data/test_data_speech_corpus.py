@@ -85,6 +85,59 @@ def test_speech_plan_mixes_engines_and_keeps_the_heldout_engine_out_of_training(
         plan_speech(0.1, engines={"mbrola": 1}, heldout=None)
 
 
+def test_extra_training_speech_leaves_every_other_split_unchanged_and_reads_only_new_train_pool_sentences():
+    from speechtrain.data.sentences import split_of
+    from speechtrain.data.speech_corpus import EXTRA_SPLIT, SPLITS, plan_speech
+
+    engines = {"espeak": 3, "piper": 1}
+    base = plan_speech(0.1, seed=2, engines=engines, heldout="flite", heldout_utterances=5)
+    planned = plan_speech(0.1, seed=2, engines=engines, heldout="flite", heldout_utterances=5,
+                          extra={"espeak": 0.2, "piper": 0.05})  # fmt: skip
+    assert planned[: len(base)] == base, "extra speech must not change the other splits"
+    extra = planned[len(base) :]
+    assert extra and all(u.split == EXTRA_SPLIT for u in extra)
+    assert {u.engine for u in extra} == {"espeak", "piper"}
+    seconds = sum(len(u.text.split()) * 60.0 / u.rate + 0.4 for u in extra)
+    assert 0.25 * 3600 <= seconds < 0.25 * 3600 + 10
+    assert not {u.text for u in extra} & {u.text for u in base}
+    assert all(split_of(u.text, SPLITS, 2) == "train" for u in extra)
+    train_voices = {u.voice for u in base if u.split == "train"}
+    test_only = {u.voice for u in base if u.split == "test"} - train_voices
+    assert test_only and not {u.voice for u in extra} & test_only, "extra speech is read by training voices only"
+    with pytest.raises(ValueError, match="training engines"):
+        plan_speech(0.1, engines=engines, heldout="flite", extra={"flite": 1.0})
+
+
+def test_builtin_train_extra_names_resolve_to_the_extra_corpus(monkeypatch, tmp_path):
+    import speechtrain.data.speech_corpus as speech_corpus
+    from speechtrain.data.synthetic import SPEECH_DEFAULT_HOURS, resolve_manifest
+
+    calls = []
+
+    def fake_extra(extra, hours, seed):
+        calls.append((extra, hours, seed))
+        return {"splits": {"train_extra": {"manifest": str(tmp_path / "manifest.json")}}}
+
+    monkeypatch.setattr(speech_corpus, "build_speech_extra", fake_extra)
+    assert resolve_manifest("builtin:speech/train_extra") == tmp_path / "manifest.json"
+    resolve_manifest("builtin:speech-2h/train_extra-espeak6h-piper1.5h")
+    assert calls == [(speech_corpus.SPEECH_EXTRA, SPEECH_DEFAULT_HOURS, 0), ({"espeak": 6.0, "piper": 1.5}, 2.0, 0)]
+    with pytest.raises(ValueError, match="train_extra"):
+        resolve_manifest("builtin:speech/train_extra-espeak")
+
+
+def test_an_extra_corpus_renders_only_its_own_utterances(tmp_path, monkeypatch):
+    import speechtrain.data.synthetic as synthetic
+    from speechtrain.data.speech_corpus import build_speech_extra
+
+    monkeypatch.setattr(synthetic, "default_datasets_cache", lambda: tmp_path)
+    record = build_speech_extra({"espeak": 0.01}, hours=0.02, seed=1, workers=1, engines={"espeak": 1},
+                                heldout=None)  # fmt: skip
+    assert set(record["splits"]) == {"train_extra"} and record["params"]["extra"] == {"espeak": 0.01}
+    rows = read_nemo_manifest(record["splits"]["train_extra"]["manifest"])
+    assert rows and all(r["engine"] == "espeak" for r in rows)
+
+
 def test_a_heldout_engine_keeps_only_people_that_no_training_engine_reads_with():
     """Festival's kal diphones are Flite's kal and kal16, and both have an slt voice: with Festival in training,
     the held-out Flite sets are read by awb and rms alone."""
@@ -188,3 +241,28 @@ def test_processes_asking_for_the_same_corpus_at_once_build_it_once(tmp_path):
         first, second = (f.result(timeout=240) for f in futures)
     assert first == second  # the same record: the waiting process reused the build, it did not redo it
     assert len(read_nemo_manifest(first["splits"]["train"]["manifest"])) == first["splits"]["train"]["utterances"]
+
+
+def test_an_engine_view_keeps_one_engines_utterances_of_a_builtin_split(tmp_path, monkeypatch):
+    import speechtrain.data.synthetic as synthetic
+
+    folder = tmp_path / "train"
+    (folder / "audio").mkdir(parents=True)
+    rows = [{"audio_filepath": f"audio/{i}.wav", "duration": 1.0, "text": f"utterance {i}", "engine": e}
+            for i, e in enumerate(["espeak", "piper", "festival", "piper"])]  # fmt: skip
+    (folder / "manifest.json").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    real = synthetic.resolve_manifest
+
+    def fake(name):
+        return folder / "manifest.json" if name == "builtin:speech/train" else real(name)
+
+    monkeypatch.setattr(synthetic, "resolve_manifest", fake)
+    view = real("builtin:speech/train@piper+festival")
+    assert view == folder / "manifest.piper+festival.json"
+    kept = read_nemo_manifest(view)
+    assert [r["engine"] for r in kept] == ["piper", "festival", "piper"]
+    assert kept[0]["audio_filepath"] == str(folder / "audio" / "1.wav"), "relative audio paths still resolve"
+    with pytest.raises(ValueError, match=r"no utterance .* is read by flite; its engines: \['espeak', 'festival'"):
+        real("builtin:speech/train@flite")
+    with pytest.raises(ValueError, match="name the engines"):
+        real("builtin:speech/train@")
