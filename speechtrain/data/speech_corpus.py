@@ -521,6 +521,19 @@ def build_corpus(
     return _build(root, params, lambda: plan(hours, seed, utterances, voice), workers)
 
 
+def _speech_params(hours: float, seed: int, engines: dict, heldout: str | None, heldout_utterances: int):
+    """The ``corpus.json`` params of the multi-engine corpus and its folder in the datasets cache."""
+    from speechtrain.data.synthetic import default_datasets_cache
+
+    params = {"name": SPEECH_CORPUS_NAME, "version": SPEECH_CORPUS_VERSION, "hours": hours, "seed": seed,
+              "engines": engines, "heldout": heldout}  # fmt: skip
+    if heldout_utterances != HELDOUT_UTTERANCES:
+        params["heldout_utterances"] = heldout_utterances
+    mix = "-".join(f"{e}{w:g}" for e, w in engines.items()) + (f"-out-{heldout}" if heldout else "")
+    folder = default_datasets_cache() / f"{SPEECH_CORPUS_NAME}-v{SPEECH_CORPUS_VERSION}"
+    return params, folder / f"{hours:g}h-seed{seed}-{mix}"
+
+
 def build_speech_corpus(
     out: str | os.PathLike | None = None,
     hours: float = 12.0,
@@ -533,17 +546,9 @@ def build_speech_corpus(
     """Build (or reuse) the multi-engine corpus (see :func:`plan_speech`); returns its ``corpus.json`` record,
     with per-engine hours and voices of each split."""
     engines = dict(SPEECH_ENGINES if engines is None else engines)
-    params = {"name": SPEECH_CORPUS_NAME, "version": SPEECH_CORPUS_VERSION, "hours": hours, "seed": seed,
-              "engines": engines, "heldout": heldout}  # fmt: skip
-    if heldout_utterances != HELDOUT_UTTERANCES:
-        params["heldout_utterances"] = heldout_utterances
-    if out is None:
-        from speechtrain.data.synthetic import default_datasets_cache
-
-        mix = "-".join(f"{e}{w:g}" for e, w in engines.items()) + (f"-out-{heldout}" if heldout else "")
-        folder = f"{SPEECH_CORPUS_NAME}-v{SPEECH_CORPUS_VERSION}"
-        out = default_datasets_cache() / folder / f"{hours:g}h-seed{seed}-{mix}"
-    return _build(Path(out), params, lambda: plan_speech(hours, seed, engines, heldout, heldout_utterances), workers)
+    params, folder = _speech_params(hours, seed, engines, heldout, heldout_utterances)
+    out = folder if out is None else Path(out)
+    return _build(out, params, lambda: plan_speech(hours, seed, engines, heldout, heldout_utterances), workers)
 
 
 def build_speech_extra(
@@ -560,16 +565,9 @@ def build_speech_extra(
     of its own beside the main one, so adding it (or changing its size) renders only its utterances."""
     engines = dict(SPEECH_ENGINES if engines is None else engines)
     extra = {e: float(h) for e, h in extra.items()}
-    params = {"name": SPEECH_CORPUS_NAME, "version": SPEECH_CORPUS_VERSION, "hours": hours, "seed": seed,
-              "engines": engines, "heldout": heldout, "extra": extra}  # fmt: skip
-    if heldout_utterances != HELDOUT_UTTERANCES:
-        params["heldout_utterances"] = heldout_utterances
-    from speechtrain.data.synthetic import default_datasets_cache
-
-    mix = "-".join(f"{e}{w:g}" for e, w in engines.items()) + (f"-out-{heldout}" if heldout else "")
-    more = "-".join(f"{e}{h:g}h" for e, h in extra.items())
-    out = (default_datasets_cache() / f"{SPEECH_CORPUS_NAME}-v{SPEECH_CORPUS_VERSION}"
-           / f"{hours:g}h-seed{seed}-{mix}-extra-{more}")  # fmt: skip
+    params, folder = _speech_params(hours, seed, engines, heldout, heldout_utterances)
+    params["extra"] = extra
+    out = folder.with_name(f"{folder.name}-extra-" + "-".join(f"{e}{h:g}h" for e, h in extra.items()))
 
     def planner() -> list[Utterance]:
         planned = plan_speech(hours, seed, engines, heldout, heldout_utterances, extra)
