@@ -180,7 +180,7 @@ class StatelessPredictionNetwork(torch.nn.Module):
         self.dropout = torch.nn.Dropout(cfg.dropout)
         # where each offset's table starts (the newest label: table 0); a buffer, so it moves with the model and no
         # decoding step makes a tensor
-        offsets = torch.arange(self.context - 1, -1, -1) * (vocab_size + 1)
+        offsets = torch.arange(self.context - 1, -1, -1, device=self.embed.weight.device) * (vocab_size + 1)
         self.register_buffer("offsets", offsets, persistent=False)
 
     def _features(self, context: torch.Tensor) -> torch.Tensor:

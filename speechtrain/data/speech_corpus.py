@@ -250,12 +250,12 @@ def plan_speech(
                 held = next((s for s, pool in HELDOUT_SPLITS.items() if pool == split and counts[s] < wanted[s]), None)
                 if held is not None:
                     add(held, text, heldout)
-    extra_names, extra_hours = [e for e in extra if extra[e] > 0], [h for h in extra.values() if h > 0]
-    seconds, target = 0.0, sum(extra_hours) * 3600
+    wanted_extra = {e: h for e, h in extra.items() if h > 0}
+    seconds, target = 0.0, sum(wanted_extra.values()) * 3600
     while seconds < target:
         for text in generator.sentences(1000):
             if split_of(text, SPLITS, seed) == "train":
-                seconds += add(EXTRA_SPLIT, text, rng.choices(extra_names, extra_hours)[0])
+                seconds += add(EXTRA_SPLIT, text, rng.choices(list(wanted_extra), list(wanted_extra.values()))[0])
                 if seconds >= target:
                     break
     return planned
