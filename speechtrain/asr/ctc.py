@@ -685,8 +685,8 @@ UNET_OFF = ("model.encoder.time_reduce_idx=-1", "model.encoder.time_recovery_idx
 class InterCTCConfig:
     """Intermediate CTC losses (NeMo's ``model.interctc``): the CTC head also reads the output of the encoder layers
     ``apply_at_layers`` (0-based) in training, and the loss is ``(1 - sum(loss_weights)) * final +
-    sum(w_i * intermediate_i)``. It regularises the lower layers and shortens the CTC plateau; decoding and
-    validation use the final layer only. Empty lists: off.
+    sum(w_i * intermediate_i)`` (for a hybrid transducer, ``final`` is its transducer-CTC mix). It regularises the
+    lower layers and shortens the CTC plateau; decoding and validation use the final layer only. Empty lists: off.
 
     ``self_conditioning`` (not in NeMo; such a model does not export to ``.nemo``): each captured layer's output
     distribution, projected back to the model width, is added to the layer's output before the next layer reads it

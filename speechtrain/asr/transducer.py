@@ -1,7 +1,8 @@
 """Transducer speech recognisers: RNN-T, TDT and hybrid TDT-CTC on the Conformer / FastConformer encoder.
 
 One model class, :class:`ConformerTransducerModel`, with ``loss: rnnt | tdt`` and a ``hybrid`` flag (a CTC head on
-the same encoder, loss ``(1 - ctc_loss_weight) * transducer + ctc_loss_weight * ctc``, NeMo's hybrid models). It is
+the same encoder, loss ``(1 - ctc_loss_weight) * transducer + ctc_loss_weight * ctc``, NeMo's hybrid models; a
+hybrid model takes ``interctc`` too, NeMo's weighting: ``(1 - sum w) * that + sum w_i * CTC(layer i)``). It is
 a :class:`~speechtrain.asr.ctc.CTCModel`, so the tokenizer, features, SpecAugment, encoder, data loaders,
 validation (WER/CER per set), transcription, archives and fine-tuning are the CTC model's.
 
@@ -40,7 +41,7 @@ from omegaconf import OmegaConf
 from torch.utils.checkpoint import checkpoint
 
 from speechtrain.asr.conformer import conformer_forward_flops, seeded, subsampled_lengths
-from speechtrain.asr.ctc import ConformerCTCConfig, ConformerCTCModel
+from speechtrain.asr.ctc import INTERCTC_OFF, ConformerCTCConfig, ConformerCTCModel
 from speechtrain.asr.decoding import DecodingConfig
 from speechtrain.asr.transducer_decoding import (
     TransducerBeamSearch,
@@ -242,9 +243,10 @@ class ConformerTransducerModel(ConformerCTCModel):
     def __init__(self, cfg: Any) -> None:
         super().__init__(cfg)
         cfg = self.cfg
-        if cfg.interctc.apply_at_layers:
+        if cfg.interctc.apply_at_layers and not cfg.hybrid:
             raise ConfigError(f"model.interctc.apply_at_layers={list(cfg.interctc.apply_at_layers)}: intermediate CTC "
-                              "losses are implemented for the CTC models only, not for transducers.")  # fmt: skip
+                              "reads the CTC head of a hybrid model; set model.hybrid=true, or turn it off: "
+                              f"{' '.join(INTERCTC_OFF)}.")  # fmt: skip
         if cfg.loss not in LOSSES:
             raise ValueError(f"model.loss must be one of {', '.join(LOSSES)}, got {cfg.loss!r}.")
         durations = list(cfg.durations)
@@ -277,9 +279,21 @@ class ConformerTransducerModel(ConformerCTCModel):
                                       OmegaConf.to_object(cfg.joint))  # fmt: skip
 
     def forward(self, audio: torch.Tensor, audio_lens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """audio (B, T), audio_lens (B,) -> encoder output (B, F', D), lengths (B,)."""
-        feats, lengths = self.features(audio, audio_lens)  # (builds the layers on first use)
-        return self.encoder(feats, lengths)
+        """audio (B, T), audio_lens (B,) -> encoder output (B, F', D), lengths (B,) (a self-conditioned model runs
+        its tapped layers' conditioning too)."""
+        interctc = self.cfg.interctc
+        capture = tuple(interctc.apply_at_layers) if interctc.self_conditioning else ()
+        enc, lengths, _ = self._encode(audio, audio_lens, capture)
+        return enc, lengths
+
+    def forward_step(self, batch: dict[str, Any]) -> tuple:
+        """(encoder output, lengths) of a batch; in training with ``interctc`` (hybrid models), also the CTC head's
+        log-probabilities of the captured layers."""
+        layers = tuple(self.cfg.interctc.apply_at_layers)
+        if not (layers and self.training):
+            return self(batch["audio"], batch["audio_lens"])
+        enc, lengths, captured = self._encode(batch["audio"], batch["audio_lens"], layers)
+        return enc, lengths, [self.ctc_log_probs(c) for c in captured]
 
     def joint_lengths(self, lengths: torch.Tensor) -> torch.Tensor:
         """(B,) transducer frames of utterances of ``lengths`` encoder frames (see :meth:`joint_frames`)."""
@@ -370,10 +384,18 @@ class ConformerTransducerModel(ConformerCTCModel):
         self, batch: dict[str, Any], output: tuple[torch.Tensor, torch.Tensor]
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """(loss sum, count) as in CTC; utterances whose transcript cannot be aligned with their frames add 0 to
-        both, and are counted on the device (reported at the end of each epoch, no per-step host read)."""
-        enc, lengths = output
+        both, and are counted on the device (reported at the end of each epoch, no per-step host read). With
+        intermediate CTC (``output`` from :meth:`forward_step` in training), NeMo's hybrid weighting: ``(1 - sum w) x
+        the hybrid loss + sum w_i x CTC(layer i)``."""
+        enc, lengths, *captured = output
         losses = self.utterance_losses(enc, lengths, batch)
         ok = self.alignable(lengths, batch["token_lens"])
+        if captured:  # NeMo's hybrid weighting: (1 - sum w) * (transducer-CTC mix) + sum w_i * CTC(layer i)
+            weights = self.cfg.interctc.loss_weights
+            losses = (1.0 - sum(weights)) * losses
+            for weight, layer_log_probs in zip(weights, captured[0], strict=True):
+                losses = losses + weight * self.ctc_losses(layer_log_probs, lengths, batch)
+            losses = torch.where(ok, losses, 0.0)
         bad = (~ok).sum()
         self._infeasible = bad if self._infeasible is None else self._infeasible + bad
         if self.cfg.ctc_reduction == "mean_batch":

@@ -121,8 +121,45 @@ def test_hybrid_loss_and_both_heads_decode(dtmf_manifest):
     assert model.decode(enc, lengths) == model.greedy_decode(enc, lengths) != transducer_text
     with pytest.raises(ValueError, match="decoder_type"):
         ConformerTransducerModel(_config(decoder_type="ctc"))
-    with pytest.raises(ValueError, match="intermediate CTC losses are implemented for the CTC models only"):
-        ConformerTransducerModel(_config(hybrid=True, interctc={"loss_weights": [0.3], "apply_at_layers": [0]}))
+    with pytest.raises(ValueError, match="intermediate CTC reads the CTC head of a hybrid model"):
+        ConformerTransducerModel(_config(interctc={"loss_weights": [0.3], "apply_at_layers": [0]}))
+
+
+@pytest.mark.parametrize("self_conditioning", [False, True])
+def test_hybrid_intermediate_ctc_weights_like_nemo_and_conditions_inference(dtmf_manifest, self_conditioning):
+    """model.interctc on a hybrid: loss = (1 - sum w) * ((1 - c) * TDT + c * CTC) + sum w_i * CTC(layer i) (NeMo's
+    hybrid weighting); validation reads the final layer; a self-conditioned model conditions in inference too."""
+    encoder = {**_config()["encoder"], "num_layers": 3, "conv_norm_type": "layer_norm"}
+    interctc = {"loss_weights": [0.2, 0.1], "apply_at_layers": [1, 0], "self_conditioning": self_conditioning}
+    model = _model(loss="tdt", hybrid=True, ctc_loss_weight=0.4, scale=0.3, encoder=encoder, interctc=interctc)
+    batch = _batch(dtmf_manifest, model)
+    model.train()
+    enc, lengths, captured = model.forward_step(batch)
+    loss_sum, count = model.loss_step(batch, (enc, lengths, captured))
+    taps = {}
+    hooks = [layer.register_forward_hook(lambda m, args, out, i=i: taps.setdefault(i, out))
+             for i, layer in enumerate(model.encoder.layers)]  # fmt: skip
+    with torch.no_grad():
+        final, _ = model(batch["audio"], batch["audio_lens"])
+    for hook in hooks:
+        hook.remove()
+    torch.testing.assert_close(final, enc.detach())
+    mask = (torch.arange(lengths.max())[None, :] < lengths[:, None])[:, :, None]
+    hybrid = 0.6 * model.transducer_losses(enc, lengths, batch) + 0.4 * model.ctc_losses(
+        model.ctc_log_probs(enc), lengths, batch
+    )
+    layer = {i: model.ctc_losses(model.ctc_log_probs(taps[i] * mask), lengths, batch) for i in (0, 1)}
+    expected = 0.7 * hybrid + 0.2 * layer[1] + 0.1 * layer[0]
+    torch.testing.assert_close(loss_sum, expected.sum(), rtol=1e-5, atol=1e-4)
+    assert int(count) == int(batch["token_lens"].sum())
+    model.eval()
+    assert len(model.forward_step(batch)) == 2  # validation: the final layer alone
+    if self_conditioning:
+        with torch.no_grad():
+            model.conditioning.weight.zero_()
+            model.conditioning.bias.zero_()
+        unconditioned = model(batch["audio"], batch["audio_lens"])[0]
+        assert not torch.allclose(unconditioned, final, atol=1e-3)  # the inference forward conditions too
 
 
 def test_frame_stack_runs_the_transducer_on_concatenated_encoder_frames():
