@@ -7,7 +7,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from speechtrain.asr.ctc import UNET_OFF, ConformerCTCConfig
+from speechtrain.asr.ctc import INTERCTC_OFF, UNET_OFF, ConformerCTCConfig
 from speechtrain.asr.ngram import BOS, EOS, NgramLM
 from speechtrain.asr.tokenizers import CharTokenizer
 from speechtrain.asr.transducer import ConformerTransducerConfig, ConformerTransducerModel, asr_config_class
@@ -364,7 +364,7 @@ def test_the_example_picks_the_transducer_for_its_configs_and_trains(tmp_path, d
                  "model.preprocessor.n_mels=16", "model.prediction.pred_hidden=16", "model.joint.joint_hidden=16",
                  "model.train_ds.batch_size=8", "model.train_ds.batch_duration=null", "model.train_ds.num_workers=0",
                  "model.decoding.lm_order=0", "exp_manager.checkpoint_callback_params.save_top_k=1",
-                 *UNET_OFF]  # fmt: skip
+                 *UNET_OFF, *INTERCTC_OFF]  # fmt: skip
     spec = importlib.util.spec_from_file_location("asr_train_example", EXAMPLES / "asr_train.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
