@@ -500,7 +500,7 @@ def build_corpus(
     out: str | os.PathLike | None = None,
     hours: float = 1.0,
     seed: int = 0,
-    workers: int = 2,
+    workers: int | None = None,
     utterances: int | None = None,
     voice: str | None = None,
 ) -> dict:
@@ -510,7 +510,7 @@ def build_corpus(
         out: corpus folder (default: :func:`default_root`).
         hours: approximate hours of speech.
         seed: corpus seed.
-        workers: synthesis processes.
+        workers: synthesis processes (default: the CPUs this process may use, :func:`usable_cpus`).
         utterances: an exact utterance count instead of ``hours``.
         voice: one voice for every utterance (see :func:`plan`), e.g. ``TTS_VOICE``.
     """
@@ -538,7 +538,7 @@ def build_speech_corpus(
     out: str | os.PathLike | None = None,
     hours: float = 12.0,
     seed: int = 0,
-    workers: int = 2,
+    workers: int | None = None,
     engines: dict[str, float] | None = None,
     heldout: str | None = HELDOUT_ENGINE,
     heldout_utterances: int = HELDOUT_UTTERANCES,
@@ -555,7 +555,7 @@ def build_speech_extra(
     extra: dict[str, float],
     hours: float = 12.0,
     seed: int = 0,
-    workers: int = 2,
+    workers: int | None = None,
     engines: dict[str, float] | None = None,
     heldout: str | None = HELDOUT_ENGINE,
     heldout_utterances: int = HELDOUT_UTTERANCES,
@@ -576,7 +576,17 @@ def build_speech_extra(
     return _build(out, params, planner, workers)
 
 
-def _build(root: Path, params: dict, planner, workers: int) -> dict:
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity mask, which a job scheduler or ``taskset`` narrows), the
+    default count of synthesis processes. On 2 cores, 3 processes built ``builtin:speech`` no faster than 2 (70 vs
+    67 s for 1 h; ``benchmarks/synthetic_corpus.py``), so there is no gain in going past it."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def _build(root: Path, params: dict, planner, workers: int | None) -> dict:
     """Build the corpus at ``root`` unless a finished one with ``params`` is there. Several processes (the ranks of
     a run that resolves ``builtin:`` names after they start, or two jobs) may ask for the same corpus at once: an
     exclusive lock beside it lets one build while the others wait, then reuse its result."""
@@ -586,7 +596,7 @@ def _build(root: Path, params: dict, planner, workers: int) -> dict:
         return _build_locked(root, params, planner, workers)
 
 
-def _build_locked(root: Path, params: dict, planner, workers: int) -> dict:
+def _build_locked(root: Path, params: dict, planner, workers: int | None) -> dict:
     marker = root / "corpus.json"
     if marker.is_file():
         record = json.loads(marker.read_text())
@@ -601,6 +611,7 @@ def _build_locked(root: Path, params: dict, planner, workers: int) -> dict:
         (root / split / "audio").mkdir(parents=True)
     marker.unlink(missing_ok=True)
     jobs = [(u, str(root / u.split / "audio" / f"{u.id}.wav")) for u in planned]
+    workers = usable_cpus() if workers is None else workers
     with get_context("spawn").Pool(max(1, workers), initializer=_init_worker) as pool:
         samples = dict(pool.imap(_render, jobs, chunksize=16))
     record = {"params": params, "splits": {}, "seconds_to_build": round(time.perf_counter() - start, 1)}
@@ -634,7 +645,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", help="corpus folder (default: in SPEECHTRAIN_DATASETS_CACHE)")
     parser.add_argument("--hours", type=float, default=1.0, help="approximate hours of speech")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--workers", type=int, default=None, help="synthesis processes (default: usable CPUs)")
     parser.add_argument("--utterances", type=int, help="an exact number of utterances instead of --hours")
     parser.add_argument("--voice", help=f"one voice for all utterances (a TTS corpus), e.g. {TTS_VOICE}")
     parser.add_argument(
