@@ -42,7 +42,7 @@ def test_asr_demo_benchmark_runs_the_demo_script_tiny(tmp_path, dtmf_manifest, c
     "name, argv, expected",
     [
         ("fault_tolerance", ["--repeats", "2"], "NonFiniteGuard check"),
-        ("synthetic_corpus", ["--utterances", "6", "--workers", "1"], "| 6 | "),
+        ("synthetic_corpus", ["--utterances", "6", "--workers", "1"], "| eSpeak, 6 utterances | "),
         ("bridge_size", ["--before", "HEAD"], "| **total** | **"),
     ],
 )

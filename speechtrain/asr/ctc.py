@@ -204,16 +204,15 @@ def fit_and_report(trainer: Any, model: "CTCModel", log_dir: Any, start: float) 
     preempted run exits instead (:func:`~speechtrain.lightning.fault_tolerance.exit_if_preempted`)."""
     from speechtrain.asr.report import decoding_report, greedy_breakdowns
     from speechtrain.lightning.fault_tolerance import exit_if_preempted
-    from speechtrain.lightning.parallel_state import in_first_replica
 
     trainer.fit(model)
     exit_if_preempted(trainer)
     results = trainer.validate(model, verbose=False) if model.val_dataloader() else []
     sets = [(name, Path(resolve_manifest(cfg.manifest_filepath))) for name, cfg in model._validation_sets()
             if isinstance(cfg.manifest_filepath, str)]  # fmt: skip
-    # The report's per-engine greedy WER runs the model: the first replica's ranks run it together, each with its
-    # own tensor-parallel shards (global rank 0 alone would wait for its peers forever).
-    breakdowns = greedy_breakdowns(model, sets) if results and in_first_replica() else None
+    # The report's per-engine greedy WER runs the model, shared out over the data-parallel replicas: every rank
+    # takes part (global rank 0 alone would wait for its tensor-parallel peers forever).
+    breakdowns = greedy_breakdowns(model, sets) if results else None
     if trainer.is_global_zero:
         metrics = {k: v for r in results for k, v in r.items()}
         shown = ", ".join(

@@ -36,22 +36,15 @@ def lm_statistics(lm: Any, texts: list[str]) -> tuple[float, float]:
     return error_rate(oov, words), 10.0 ** (-log10_sum / scored) if scored else math.nan
 
 
-def greedy_by_group(model: Any, records: list[dict], batch_size: int = 16) -> dict[str, tuple[float, int]]:
+def greedy_by_group(
+    model: Any, records: list[dict], batch_size: int = 16, hyps: list[str] | None = None
+) -> dict[str, tuple[float, int]]:
     """Greedy WER of ``model`` on a NeMo manifest's records per ``engine`` (and per ``voice`` of engines with at most
-    eight voices): {group: (WER, utterances)}; empty when the manifest records no engine."""
-    import torch
-
+    eight voices): {group: (WER, utterances)}; empty when the manifest records no engine. ``hyps``: the records'
+    greedy transcripts when already decoded (:func:`greedy_breakdowns` shares the decoding out), else decoded here."""
     if not any("engine" in r for r in records):
         return {}
-    hyps: list[str] = []
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.inference_mode():
-            for padded, lens in model._audio_batches([r["audio_filepath"] for r in records], batch_size):
-                hyps += model.greedy_decode(*model(padded, lens))
-    finally:
-        model.train(was_training)
+    hyps = _greedy_hyps(model, records, batch_size) if hyps is None else hyps
     norm = model.text_normalizer
     voices_of: dict[str, set] = defaultdict(set)
     for r in records:
@@ -66,12 +59,63 @@ def greedy_by_group(model: Any, records: list[dict], batch_size: int = 16) -> di
     return {g: (error_rate(*word_errors(*zip(*pairs))), len(pairs)) for g, pairs in sorted(groups.items())}
 
 
-def greedy_breakdowns(model: Any, sets: list[tuple[str, Path]]) -> dict[str, dict[str, tuple[float, int]]]:
-    """:func:`greedy_by_group` of each validation set: {set name: {group: (WER, utterances)}}. It runs the model:
-    under tensor parallelism every rank of the model's replica calls it (each with its own shards)."""
-    from speechtrain.data.manifest import read_nemo_manifest
+def _greedy_hyps(model: Any, records: list[dict], batch_size: int) -> list[str]:
+    """The model's greedy transcripts of ``records``, in their order. Decoded longest first, so that each batch
+    pads little (a manifest in file order mixes 2 s and 15 s utterances)."""
+    import torch
 
-    return {name: greedy_by_group(model, read_nemo_manifest(path)) for name, path in sets if path.is_file()}
+    order = sorted(range(len(records)), key=lambda i: -float(records[i].get("duration") or 0.0))
+    hyps: list[str] = [""] * len(records)
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.inference_mode():
+            batches = model._audio_batches([records[i]["audio_filepath"] for i in order], batch_size)
+            done = 0
+            for padded, lens in batches:
+                for text in model.greedy_decode(*model(padded, lens)):
+                    hyps[order[done]] = text
+                    done += 1
+    finally:
+        model.train(was_training)
+    return hyps
+
+
+def greedy_breakdowns(model: Any, sets: list[tuple[str, Path]]) -> dict[str, dict[str, tuple[float, int]]]:
+    """:func:`greedy_by_group` of each validation set: {set name: {group: (WER, utterances)}}.
+
+    It runs the model, shared out over the data-parallel replicas: replica ``r`` of ``n`` decodes every ``n``-th
+    utterance from the ``r``-th (all the ranks of a replica together, each with its own tensor-parallel shards), and
+    one ``all_gather_object`` per set over the data-parallel group gives every rank all the transcripts. So every
+    rank calls it, and issues the same collectives in the same order whatever the data (before, the first replica
+    decoded everything while the others waited: 1,300 utterances on one of the demo's two processes)."""
+    import torch
+
+    from speechtrain.data.manifest import read_nemo_manifest
+    from speechtrain.lightning import parallel_state
+
+    size, rank = parallel_state.data_parallel_world_size(), parallel_state.data_parallel_rank()
+    gather = size > 1 and torch.distributed.is_available() and torch.distributed.is_initialized()
+    out = {}
+    for name, path in sets:
+        if not path.is_file():
+            continue
+        records = read_nemo_manifest(path)
+        if not any("engine" in r for r in records):
+            out[name] = {}
+            continue
+        mine = list(range(rank, len(records), size)) if gather else list(range(len(records)))
+        share = list(zip(mine, _greedy_hyps(model, [records[i] for i in mine], 16)))
+        shares = [share]
+        if gather:
+            shares = [None] * size
+            torch.distributed.all_gather_object(shares, share, group=parallel_state.data_parallel_group())
+        hyps = [""] * len(records)
+        for part in shares:
+            for i, text in part:
+                hyps[i] = text
+        out[name] = greedy_by_group(model, records, hyps=hyps)
+    return out
 
 
 def decoding_report(
@@ -82,7 +126,7 @@ def decoding_report(
 ) -> str:
     """The report's text. ``metrics``: the closing validation's (``val_wer_<set>``, ``val_wer_greedy_<set>``, ...);
     ``sets``: (name, resolved manifest) of each validation set; ``breakdowns``: :func:`greedy_breakdowns` (computed
-    here when None, which runs the model in this process alone)."""
+    here when None: a collective under data parallelism, so then every rank calls this)."""
     from speechtrain.asr.ngram import NgramLM
     from speechtrain.data.manifest import read_nemo_manifest
 

@@ -1,4 +1,5 @@
 import json
+from pathlib import Path
 
 import pytest
 
@@ -53,3 +54,87 @@ def test_report_puts_greedy_first_and_breaks_down_by_engine(tmp_path):
     assert lines[2] == "test | 50.00% | 25.00% | 10.00% | 5.00% | n/a | n/a"
     assert "test | piper | 0.00% | 1" in report and "test | espeak | 100.00% | 2" in report
     assert "test | espeak / en+m1 | 100.00% | 1" in report
+
+
+class _EchoModel:
+    """Greedy "decoding" that reads each utterance's transcript back from its file name: ``<i>.wav`` -> the i-th
+    text, except the espeak ones it gets wrong; it records the files it decoded."""
+
+    def __init__(self, texts):
+        import torch
+
+        self.texts, self.decoded, self.training = texts, [], False
+        self.torch = torch
+
+    def text_normalizer(self, text):
+        return text.lower()
+
+    def eval(self):
+        pass
+
+    def train(self, mode=True):
+        pass
+
+    def _audio_batches(self, paths, batch_size):
+        for start in range(0, len(paths), batch_size):
+            chunk = [int(Path(p).stem) for p in paths[start : start + batch_size]]
+            self.decoded += chunk
+            yield self.torch.tensor(chunk), self.torch.tensor(chunk)
+
+    def __call__(self, ids, lengths):
+        return ids, lengths
+
+    def greedy_decode(self, ids, lengths):
+        return [("x " if i % 3 == 0 else "") + self.texts[i] for i in ids.tolist()]
+
+
+def _breakdown_manifest(folder):
+    rows = [{"audio_filepath": f"{i}.wav", "duration": 1.0 + (i * 7) % 5, "text": f"word{i} w",
+             "engine": ["espeak", "piper", "festival"][i % 3], "voice": f"v{i % 2}"} for i in range(23)]  # fmt: skip
+    (folder / "m.json").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return [r["text"] for r in rows]
+
+
+def _breakdown_rank(rank, folder, port):  # one of two gloo ranks, no Megatron state
+    import torch
+
+    from speechtrain.asr.report import greedy_breakdowns
+
+    torch.distributed.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    try:
+        model = _EchoModel(_breakdown_manifest_texts(folder))
+        result = greedy_breakdowns(model, [("test", folder / "m.json"), ("none", folder / "missing.json")])
+        (folder / f"rank{rank}.json").write_text(json.dumps({"result": result, "decoded": model.decoded}))
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+def _breakdown_manifest_texts(folder):
+    return [json.loads(line)["text"] for line in (folder / "m.json").read_text().splitlines()]
+
+
+@pytest.mark.multiprocess
+def test_greedy_breakdowns_share_the_decoding_over_data_parallel_ranks_and_agree_with_one_process(tmp_path):
+    import socket
+
+    import torch.multiprocessing as mp
+
+    from speechtrain.asr.report import greedy_breakdowns
+
+    texts = _breakdown_manifest(tmp_path)
+    single = _EchoModel(texts)
+    expected = greedy_breakdowns(single, [("test", tmp_path / "m.json")])
+    assert sorted(single.decoded) == list(range(23))
+    assert expected["test"]["espeak"] == (pytest.approx(0.5), 8)  # one insertion per two-word transcript
+    assert expected["test"]["piper"] == (0.0, 8) and expected["test"]["festival / v1"] == (0.0, 3)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(_breakdown_rank, args=(tmp_path, port), nprocs=2)
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    for rank, seen in enumerate(ranks):  # every rank has the whole breakdown, from its half of the decoding
+        assert {k: {g: tuple(v) for g, v in b.items()} for k, b in seen["result"].items()} == expected
+        assert sorted(seen["decoded"]) == list(range(rank, 23, 2))
+    # longest first within each share (fewer padded frames per batch)
+    durations = [1.0 + (i * 7) % 5 for i in ranks[0]["decoded"]]
+    assert durations == sorted(durations, reverse=True)
