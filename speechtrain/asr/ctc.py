@@ -772,21 +772,27 @@ class ConformerCTCModel(CTCModel):
         """Self-conditioning: a captured layer's CTC distribution, projected back to the model width."""
         return self.conditioning(F.softmax(self.decoder(hidden).float(), dim=-1).to(hidden.dtype))
 
+    def _head(self, x: torch.Tensor) -> torch.Tensor:
+        """The model's output of the last encoder layer's frames: CTC log-probabilities here (a transducer keeps the
+        frames for its joint)."""
+        return self.log_probs(x)
+
     def forward(self, audio: torch.Tensor, audio_lens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """:meth:`CTCModel.forward`; a self-conditioned model runs its tapped layers' conditioning too."""
+        """:meth:`CTCModel.forward` (:meth:`_head` of the encoder output); a self-conditioned model runs its tapped
+        layers' conditioning too."""
         interctc = self.cfg.interctc
         capture = tuple(interctc.apply_at_layers) if interctc.self_conditioning else ()
         x, lengths, _ = self._encode(audio, audio_lens, capture)
-        return self.log_probs(x), lengths
+        return self._head(x), lengths
 
     def forward_step(self, batch: dict[str, Any]) -> tuple:
-        """(log_probs, lengths) of a batch; in training with ``interctc``, also the log-probabilities of the
-        captured layers (the same CTC head; lengths are shared)."""
+        """(:meth:`_head` output, lengths) of a batch; in training with ``interctc``, also the CTC log-probabilities
+        of the captured layers (the same CTC head; lengths are shared)."""
         layers = tuple(self.cfg.interctc.apply_at_layers)
         if not (layers and self.training):
             return super().forward_step(batch)
         x, lengths, captured = self._encode(batch["audio"], batch["audio_lens"], layers)
-        return self.log_probs(x), lengths, [self.log_probs(c) for c in captured]
+        return self._head(x), lengths, [self.log_probs(c) for c in captured]
 
     def loss_step(self, batch: dict[str, Any], output: tuple) -> tuple[torch.Tensor, torch.Tensor]:
         """CTC's (loss sum, count); with intermediate outputs, the interctc-weighted sum of the per-utterance CTC

@@ -36,21 +36,16 @@ def lm_statistics(lm: Any, texts: list[str]) -> tuple[float, float]:
     return error_rate(oov, words), 10.0 ** (-log10_sum / scored) if scored else math.nan
 
 
-def greedy_by_group(
-    model: Any, records: list[dict], batch_size: int = 16, hyps: list[str] | None = None
-) -> dict[str, tuple[float, int]]:
-    """Greedy WER of ``model`` on a NeMo manifest's records per ``engine`` (and per ``voice`` of engines with at most
-    eight voices): {group: (WER, utterances)}; empty when the manifest records no engine. ``hyps``: the records'
-    greedy transcripts when already decoded (:func:`greedy_breakdowns` shares the decoding out), else decoded here."""
-    if not any("engine" in r for r in records):
-        return {}
-    hyps = _greedy_hyps(model, records, batch_size) if hyps is None else hyps
+def greedy_by_group(model: Any, records: list[dict], hyps: list[str]) -> dict[str, tuple[float, int]]:
+    """Greedy WER of the transcripts ``hyps`` of a NeMo manifest's records (which record an ``engine``) per engine
+    (and per ``voice`` of engines with at most eight voices): {group: (WER, utterances)}, on transcripts normalised
+    as ``model`` normalises them."""
     norm = model.text_normalizer
     voices_of: dict[str, set] = defaultdict(set)
     for r in records:
         voices_of[r.get("engine", "?")].add(r.get("voice", "?"))
     groups: dict[str, list[tuple[str, str]]] = defaultdict(list)
-    for r, h in zip(records, hyps):
+    for r, h in zip(records, hyps, strict=True):
         pair = (norm(h), norm(r["text"]))
         engine = r.get("engine", "?")
         groups[engine].append(pair)
@@ -59,43 +54,33 @@ def greedy_by_group(
     return {g: (error_rate(*word_errors(*zip(*pairs))), len(pairs)) for g, pairs in sorted(groups.items())}
 
 
-def _greedy_hyps(model: Any, records: list[dict], batch_size: int) -> list[str]:
-    """The model's greedy transcripts of ``records``, in their order. Decoded longest first, so that each batch
-    pads little (a manifest in file order mixes 2 s and 15 s utterances)."""
-    import torch
-
+def _greedy_hyps(model: Any, records: list[dict], batch_size: int = 16) -> list[str]:
+    """The model's greedy transcripts (:meth:`~speechtrain.asr.ctc.CTCModel.transcribe`) of ``records``, in their
+    order. Decoded longest first, so that each batch pads little (a manifest in file order mixes 2 s and 15 s)."""
     order = sorted(range(len(records)), key=lambda i: -float(records[i].get("duration") or 0.0))
-    hyps: list[str] = [""] * len(records)
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.inference_mode():
-            batches = model._audio_batches([records[i]["audio_filepath"] for i in order], batch_size)
-            done = 0
-            for padded, lens in batches:
-                for text in model.greedy_decode(*model(padded, lens)):
-                    hyps[order[done]] = text
-                    done += 1
-    finally:
-        model.train(was_training)
+    texts = model.transcribe([records[i]["audio_filepath"] for i in order], batch_size, strategy="greedy")
+    hyps = [""] * len(records)
+    for i, text in zip(order, texts, strict=True):
+        hyps[i] = text
     return hyps
 
 
 def greedy_breakdowns(model: Any, sets: list[tuple[str, Path]]) -> dict[str, dict[str, tuple[float, int]]]:
-    """:func:`greedy_by_group` of each validation set: {set name: {group: (WER, utterances)}}.
+    """:func:`greedy_by_group` of each validation set that records engines: {set name: {group: (WER, utterances)}}
+    ({} for a set that does not).
 
     It runs the model, shared out over the data-parallel replicas: replica ``r`` of ``n`` decodes every ``n``-th
     utterance from the ``r``-th (all the ranks of a replica together, each with its own tensor-parallel shards), and
     one ``all_gather_object`` per set over the data-parallel group gives every rank all the transcripts. So every
     rank calls it, and issues the same collectives in the same order whatever the data (before, the first replica
-    decoded everything while the others waited: 1,300 utterances on one of the demo's two processes)."""
+    decoded everything while the others waited: 1,380 utterances on one of the demo's two processes)."""
     import torch
 
     from speechtrain.data.manifest import read_nemo_manifest
     from speechtrain.lightning import parallel_state
 
-    size, rank = parallel_state.data_parallel_world_size(), parallel_state.data_parallel_rank()
-    gather = size > 1 and torch.distributed.is_available() and torch.distributed.is_initialized()
+    gather = torch.distributed.is_available() and torch.distributed.is_initialized()
+    size, rank = (parallel_state.data_parallel_world_size(), parallel_state.data_parallel_rank()) if gather else (1, 0)
     out = {}
     for name, path in sets:
         if not path.is_file():
@@ -104,17 +89,13 @@ def greedy_breakdowns(model: Any, sets: list[tuple[str, Path]]) -> dict[str, dic
         if not any("engine" in r for r in records):
             out[name] = {}
             continue
-        mine = list(range(rank, len(records), size)) if gather else list(range(len(records)))
-        share = list(zip(mine, _greedy_hyps(model, [records[i] for i in mine], 16)))
-        shares = [share]
-        if gather:
+        mine = range(rank, len(records), size)
+        share = list(zip(mine, _greedy_hyps(model, [records[i] for i in mine]), strict=True))
+        if size > 1:
             shares = [None] * size
             torch.distributed.all_gather_object(shares, share, group=parallel_state.data_parallel_group())
-        hyps = [""] * len(records)
-        for part in shares:
-            for i, text in part:
-                hyps[i] = text
-        out[name] = greedy_by_group(model, records, hyps=hyps)
+            share = [pair for part in shares for pair in part]
+        out[name] = greedy_by_group(model, records, [text for _, text in sorted(share)])
     return out
 
 

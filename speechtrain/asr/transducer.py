@@ -278,22 +278,10 @@ class ConformerTransducerModel(ConformerCTCModel):
             self.joint = JointNetwork(width * cfg.joint.frame_stack, cfg.prediction.pred_hidden, vocab + 1 + extra,
                                       OmegaConf.to_object(cfg.joint))  # fmt: skip
 
-    def forward(self, audio: torch.Tensor, audio_lens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """audio (B, T), audio_lens (B,) -> encoder output (B, F', D), lengths (B,) (a self-conditioned model runs
-        its tapped layers' conditioning too)."""
-        interctc = self.cfg.interctc
-        capture = tuple(interctc.apply_at_layers) if interctc.self_conditioning else ()
-        enc, lengths, _ = self._encode(audio, audio_lens, capture)
-        return enc, lengths
-
-    def forward_step(self, batch: dict[str, Any]) -> tuple:
-        """(encoder output, lengths) of a batch; in training with ``interctc`` (hybrid models), also the CTC head's
-        log-probabilities of the captured layers."""
-        layers = tuple(self.cfg.interctc.apply_at_layers)
-        if not (layers and self.training):
-            return self(batch["audio"], batch["audio_lens"])
-        enc, lengths, captured = self._encode(batch["audio"], batch["audio_lens"], layers)
-        return enc, lengths, [self.ctc_log_probs(c) for c in captured]
+    def _head(self, x: torch.Tensor) -> torch.Tensor:
+        """The encoder output itself: ``forward`` gives (B, F', D) frames and lengths for the joint (and, in a hybrid
+        model, :meth:`ctc_log_probs`); with ``interctc``, ``forward_step`` adds the taps' CTC log-probabilities."""
+        return x
 
     def joint_lengths(self, lengths: torch.Tensor) -> torch.Tensor:
         """(B,) transducer frames of utterances of ``lengths`` encoder frames (see :meth:`joint_frames`)."""
@@ -387,13 +375,13 @@ class ConformerTransducerModel(ConformerCTCModel):
         both, and are counted on the device (reported at the end of each epoch, no per-step host read). With
         intermediate CTC (``output`` from :meth:`forward_step` in training), NeMo's hybrid weighting: ``(1 - sum w) x
         the hybrid loss + sum w_i x CTC(layer i)``."""
-        enc, lengths, *captured = output
+        enc, lengths = output[:2]
         losses = self.utterance_losses(enc, lengths, batch)
         ok = self.alignable(lengths, batch["token_lens"])
-        if captured:  # NeMo's hybrid weighting: (1 - sum w) * (transducer-CTC mix) + sum w_i * CTC(layer i)
+        if len(output) == 3:  # NeMo's hybrid weighting: (1 - sum w) * (transducer-CTC mix) + sum w_i * CTC(layer i)
             weights = self.cfg.interctc.loss_weights
             losses = (1.0 - sum(weights)) * losses
-            for weight, layer_log_probs in zip(weights, captured[0], strict=True):
+            for weight, layer_log_probs in zip(weights, output[2], strict=True):
                 losses = losses + weight * self.ctc_losses(layer_log_probs, lengths, batch)
             losses = torch.where(ok, losses, 0.0)
         bad = (~ok).sum()
