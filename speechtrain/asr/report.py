@@ -6,12 +6,15 @@ Greedy decoding is the headline: it is what the acoustic model alone hears. An i
 training transcripts hides mispronunciations and unseen acoustics, so its numbers stand beside, never instead.
 """
 
+import logging
 import math
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
 from speechtrain.common.metrics import error_rate, format_rate, word_errors
+
+logger = logging.getLogger(__name__)
 
 
 def lm_statistics(lm: Any, texts: list[str]) -> tuple[float, float]:
@@ -73,7 +76,9 @@ def greedy_breakdowns(model: Any, sets: list[tuple[str, Path]]) -> dict[str, dic
     utterance from the ``r``-th (all the ranks of a replica together, each with its own tensor-parallel shards), and
     one ``all_gather_object`` per set over the data-parallel group gives every rank all the transcripts. So every
     rank calls it, and issues the same collectives in the same order whatever the data (before, the first replica
-    decoded everything while the others waited: 1,380 utterances on one of the demo's two processes)."""
+    decoded everything while the others waited: 1,380 utterances on one of the demo's two processes). A file a rank
+    cannot read is sent in place of its share, so every rank leaves that set's breakdown out (with a warning naming
+    it) instead of waiting for the failed rank."""
     import torch
 
     from speechtrain.data.manifest import read_nemo_manifest
@@ -90,12 +95,21 @@ def greedy_breakdowns(model: Any, sets: list[tuple[str, Path]]) -> dict[str, dic
             out[name] = {}
             continue
         mine = range(rank, len(records), size)
-        share = list(zip(mine, _greedy_hyps(model, [records[i] for i in mine]), strict=True))
+        try:
+            share: list | str = list(zip(mine, _greedy_hyps(model, [records[i] for i in mine]), strict=True))
+        except (OSError, RuntimeError, ValueError) as error:  # an unreadable file (soundfile's errors among them)
+            share = f"{type(error).__name__}: {error}"  # sent as the share: the other ranks must not wait for it
+        shares = [share]
         if size > 1:
             shares = [None] * size
             torch.distributed.all_gather_object(shares, share, group=parallel_state.data_parallel_group())
-            share = [pair for part in shares for pair in part]
-        out[name] = greedy_by_group(model, records, [text for _, text in sorted(share)])
+        failed = [part for part in shares if isinstance(part, str)]
+        if failed:
+            logger.warning("The per-engine breakdown of %s is left out: %s (%s)", name, failed[0], path)
+            out[name] = {}
+            continue
+        pairs = sorted(pair for part in shares for pair in part)
+        out[name] = greedy_by_group(model, records, [text for _, text in pairs])
     return out
 
 

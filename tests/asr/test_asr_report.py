@@ -63,6 +63,8 @@ class _EchoModel:
 
     def transcribe(self, paths, batch_size, strategy):
         assert strategy == "greedy"
+        if any(Path(p).stem == "broken" for p in paths):
+            raise RuntimeError("Error opening 'broken.wav': Format not recognised.")
         ids = [int(Path(p).stem) for p in paths]
         self.decoded += ids
         return [("x " if i % 3 == 0 else "") + self.texts[i] for i in ids]
@@ -72,6 +74,8 @@ def _breakdown_manifest(folder):
     rows = [{"audio_filepath": f"{i}.wav", "duration": 1.0 + (i * 7) % 5, "text": f"word{i} w",
              "engine": ["espeak", "piper", "festival"][i % 3], "voice": f"v{i % 2}"} for i in range(23)]  # fmt: skip
     (folder / "m.json").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    broken = [rows[0], {**rows[1], "audio_filepath": "broken.wav"}, rows[2]]  # the file of rank 1's share
+    (folder / "broken.json").write_text("".join(json.dumps(r) + "\n" for r in broken))
     return [r["text"] for r in rows]
 
 
@@ -84,7 +88,9 @@ def _breakdown_rank(rank, folder, port):  # one of two gloo ranks, no Megatron s
     try:
         model = _EchoModel(_breakdown_manifest_texts(folder))
         result = greedy_breakdowns(model, [("test", folder / "m.json"), ("none", folder / "missing.json")])
-        (folder / f"rank{rank}.json").write_text(json.dumps({"result": result, "decoded": model.decoded}))
+        broken = greedy_breakdowns(_EchoModel(model.texts), [("broken", folder / "broken.json")])
+        (folder / f"rank{rank}.json").write_text(json.dumps({"result": result, "decoded": model.decoded,
+                                                             "broken": broken}))  # fmt: skip
     finally:
         torch.distributed.destroy_process_group()
 
@@ -113,6 +119,8 @@ def test_greedy_breakdowns_share_the_decoding_over_data_parallel_ranks_and_agree
     mp.spawn(_breakdown_rank, args=(tmp_path, port), nprocs=2)
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     for rank, seen in enumerate(ranks):  # every rank has the whole breakdown, from its half of the decoding
+        # A file one rank cannot read leaves that set's breakdown out on every rank; nobody waits for the failed one.
+        assert seen["broken"] == {"broken": {}}
         assert {k: {g: tuple(v) for g, v in b.items()} for k, b in seen["result"].items()} == expected
         assert sorted(seen["decoded"]) == list(range(rank, 23, 2))
     # longest first within each share (fewer padded frames per batch)
