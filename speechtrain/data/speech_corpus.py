@@ -652,7 +652,17 @@ def main(argv: list[str] | None = None) -> None:
         "--engines", help="the multi-engine corpus with these weights, e.g. espeak=3,piper=1,festival=1"
     )
     parser.add_argument("--heldout", default=HELDOUT_ENGINE, help="multi-engine corpus: the held-out synthesiser")
+    names_help = "instead: built-in manifest names to build or reuse (builtin:speech/train ...); prints their files"
+    parser.add_argument("names", nargs="*", help=names_help)
     args = parser.parse_args(argv)
+    if args.names:  # what `make demo` builds before it sets the training budget
+        from speechtrain.data.synthetic import resolve_manifest
+
+        start = time.perf_counter()
+        for name in args.names:
+            print(f"{name}: {resolve_manifest(name)}", flush=True)
+        print(f"ready in {time.perf_counter() - start:.0f} s")
+        return
     if args.engines:
         engines = {k: float(v) for k, _, v in (item.partition("=") for item in args.engines.split(","))}
         heldout = None if args.heldout in ("", "none", "null") else args.heldout

@@ -266,3 +266,17 @@ def test_an_engine_view_keeps_one_engines_utterances_of_a_builtin_split(tmp_path
         real("builtin:speech/train@flite")
     with pytest.raises(ValueError, match="name the engines"):
         real("builtin:speech/train@")
+
+
+def test_the_corpus_command_builds_named_builtin_manifests(monkeypatch, capsys, tmp_path):
+    """`make demo` builds its corpus with `python -m speechtrain.data.synthetic NAME ...` before it sets the
+    training budget: each name is resolved (built or reused) as a config would, and its manifest printed."""
+    import speechtrain.data.synthetic as synthetic
+    from speechtrain.data.speech_corpus import main
+
+    asked = []
+    monkeypatch.setattr(synthetic, "resolve_manifest", lambda name: asked.append(name) or tmp_path / "m.json")
+    main(["builtin:speech/train", "builtin:speech/train_extra"])
+    assert asked == ["builtin:speech/train", "builtin:speech/train_extra"]
+    out = capsys.readouterr().out
+    assert f"builtin:speech/train_extra: {tmp_path / 'm.json'}" in out and "ready in" in out
