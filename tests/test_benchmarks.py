@@ -49,3 +49,12 @@ def test_asr_demo_benchmark_runs_the_demo_script_tiny(tmp_path, dtmf_manifest, c
 def test_small_benchmarks_run_tiny(name, argv, expected, capsys):
     _main(name)(argv)
     assert expected in capsys.readouterr().out
+
+
+def test_rare_words_alignment_marks_substituted_and_deleted_reference_words():
+    main = _main("asr_rare_words")
+    missed_words, bucket_of = main.__globals__["missed_words"], main.__globals__["bucket_of"]
+    assert missed_words("the cafe in zaragoza".split(), "the kefy in zagoza".split()) == [False, True, False, True]
+    assert missed_words("please pay the rent".split(), "please the rent".split()) == [False, True, False, False]
+    assert missed_words("a b".split(), "a x b".split()) == [False, False], "an insertion misses no reference word"
+    assert [bucket_of(c) for c in (0, 4, 5, 99, 100, 1000)] == ["0", "1-4", "5-19", "20-99", "100-999", "1000+"]
