@@ -9,7 +9,6 @@ This is what chose the demo's 64-piece tokenizer: the errors left were words hea
 """
 
 import argparse
-import json
 import os
 from collections import Counter
 
@@ -47,6 +46,7 @@ def main(argv: list[str] | None = None) -> None:
 
     from speechtrain.asr.ctc import resolve_manifest
     from speechtrain.core.model import SpeechModel
+    from speechtrain.data.manifest import read_nemo_manifest
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", required=True)
@@ -55,17 +55,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--examples", type=int, default=10, help="reference / hypothesis pairs to print")
     args = parser.parse_args(argv)
     torch.set_num_threads(max(1, len(os.sched_getaffinity(0))))
-    heard = Counter()
-    for name in args.train:
-        with open(resolve_manifest(name), encoding="utf-8") as f:
-            heard.update(word for line in f for word in json.loads(line)["text"].split())
-    manifest = resolve_manifest(args.audio)
-    with open(manifest, encoding="utf-8") as f:
-        records = [json.loads(line) for line in f]
-    paths = [os.path.join(os.path.dirname(manifest), r["audio_filepath"]) for r in records]
+    heard = Counter(
+        w for name in args.train for r in read_nemo_manifest(resolve_manifest(name)) for w in r["text"].split()
+    )
+    records = read_nemo_manifest(resolve_manifest(args.audio))  # validated, audio paths resolved
     model = SpeechModel.restore_from(args.model)
     model.eval()
-    hyps = [h if isinstance(h, str) else h.text for h in model.transcribe(paths, strategy="greedy")]
+    audio = [r["audio_filepath"] for r in records]
+    hyps = [h if isinstance(h, str) else h.text for h in model.transcribe(audio, strategy="greedy")]
     words, missed = Counter(), Counter()
     for record, hyp in zip(records, hyps, strict=True):
         ref = record["text"].split()
