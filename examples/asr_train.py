@@ -7,24 +7,36 @@ python examples/asr_train.py trainer.devices=2                 # two data-parall
 python examples/asr_train.py trainer.strategy.tensor_model_parallel_size=2 trainer.devices=2
 python examples/asr_train.py --config-name fastconformer_ctc_large model.train_ds.manifest_filepath=train.json  # GPUs
 python examples/asr_train.py exp_manager.resume_if_exists=true # continue the latest run
+python examples/asr_train.py --config-name asr_train_hybrid prepare_only=true  # build data, tokenizer, LM; stop
 """
 
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import lightning.pytorch as pl
 from omegaconf import OmegaConf
 
-from speechtrain.asr.ctc import ensure_lm, ensure_tokenizer, fit_and_report
+from speechtrain.asr.ctc import ensure_lm, ensure_tokenizer, fit_and_report, resolve_manifest
 from speechtrain.asr.transducer import asr_config_class, asr_model_class
 from speechtrain.core.exp_manager import exp_manager
 from speechtrain.core.hydra_runner import hydra_runner
 from speechtrain.core.job import train_job_schema
 from speechtrain.lightning import Trainer, teardown
 
+
+@dataclass
+class ASRTrainExtras:
+    """``prepare_only``: build what the config names (its built-in corpora, the tokenizer, the LM), print where
+    they are, and stop before any training. `make demo` starts its training clock after it, so the data a recipe
+    reads is named once, in the recipe."""
+
+    prepare_only: bool = False
+
+
 # The schema is needed before Hydra composes the config: a transducer config (asr_train_tdt, ...) brings its own.
-SCHEMA = train_job_schema(asr_config_class(sys.argv[1:], Path(__file__).parent / "conf"))
+SCHEMA = train_job_schema(asr_config_class(sys.argv[1:], Path(__file__).parent / "conf"), extras=ASRTrainExtras)
 
 
 @hydra_runner(config_path="conf", config_name="asr_train", schema=SCHEMA)
@@ -33,6 +45,8 @@ def main(cfg):
     pl.seed_everything(cfg.seed, verbose=False)
     ensure_tokenizer(cfg.model.tokenizer, cfg.model.train_ds)  # from its manifests or cuts, when none is given
     ensure_lm(cfg.model.decoding, cfg.model.train_ds)
+    if cfg.prepare_only:
+        return prepare_report(cfg, start)
     trainer = Trainer(**OmegaConf.to_container(cfg.trainer, resolve=True))
     log_dir = exp_manager(trainer, cfg.exp_manager, name=cfg.name, job_config=cfg)
     model = asr_model_class(cfg.model)(cfg.model)
@@ -41,6 +55,17 @@ def main(cfg):
     fit_and_report(trainer, model, log_dir, start)
     teardown(trainer, model)
     return model
+
+
+def prepare_report(cfg, start: float) -> None:
+    """Resolve the validation manifests too (built-in ones are built here), then print where everything is."""
+    paths = cfg.model.validation_ds.manifest_filepath
+    for path in [paths] if isinstance(paths, str) else list(paths or []):
+        print(f"validation: {resolve_manifest(path)}")
+    print(f"tokenizer: {cfg.model.tokenizer.path or 'characters from the config'}")
+    if cfg.model.decoding.lm_path:
+        print(f"lm: {cfg.model.decoding.lm_path}")
+    print(f"prepared in {time.perf_counter() - start:.0f} s")
 
 
 if __name__ == "__main__":

@@ -91,3 +91,15 @@ def test_a_lightning_checkpoint_is_named_for_what_it_is(tmp_path):
     torch.save({"state_dict": {}}, tmp_path / "last.ckpt")
     with pytest.raises(ArchiveError, match="is a PyTorch/Lightning checkpoint .* Pass the run's archive"):
         SpeechModel.restore_from(tmp_path / "last.ckpt")
+
+
+def test_prepare_only_builds_what_the_recipe_reads_and_trains_nothing(tmp_path, dtmf_manifest, monkeypatch, capsys):
+    # make demo runs this first and starts its training clock after it: the recipe alone names the data.
+    assert _run_example(monkeypatch, tmp_path, dtmf_manifest, "prepare_only=true") is None
+    out = capsys.readouterr().out.splitlines()
+    assert f"validation: {dtmf_manifest}" in out
+    assert f"tokenizer: {tmp_path / 'digits.json'}" in out
+    (lm,) = [line.removeprefix("lm: ") for line in out if line.startswith("lm: ")]
+    assert lm.endswith("lm.arpa") and (tmp_path / lm).is_file()  # fitted on the training transcripts, cached
+    assert out[-1].startswith("prepared in ")
+    assert not (tmp_path / "exp").exists()  # no run folder: nothing was trained
