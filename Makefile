@@ -35,10 +35,11 @@ $(STAMP): pyproject.toml
 
 # The ASR demo: a hybrid TDT-CTC Conformer (asr_train_hybrid.yaml) on 2 cores, greedy WER first and beam + LM
 # beside it. It keeps to a wall-clock budget of DEMO_WALL_S from the moment make starts: it builds what the recipe
-# reads first (its corpora, tokenizer and LM: asr_train.py prepare_only=true), then trains for what the install and the build left of the budget, less DEMO_CLOSING_S for the start-up,
-# the closing validation and the report (~2 min on a slow 2-core machine). On a fresh clone that is 16-19 minutes
-# of training (a slow machine trains less rather than run over); with warm caches, more. The learning-rate
-# schedule decays over whatever budget the run gets. At least DEMO_MIN_TRAIN_S, even if the budget is then missed.
+# reads first (its corpora, tokenizer and LM: asr_train.py prepare_only=true), then trains for what the install
+# and the build left of the budget, less DEMO_CLOSING_S for the start-up, the closing validation and the report
+# (~2 min on a slow 2-core machine). On a fresh clone that is 16-19 minutes of training (a slow machine trains
+# less rather than run over); with warm caches, more. The learning-rate schedule decays over whatever budget the
+# run gets. At least DEMO_MIN_TRAIN_S, even if the budget is then missed.
 # demo-ctc: the same data and encoder with CTC alone (asr_train.yaml), 17 minutes.
 DEMO_START := $(shell date +%s)
 DEMO_WALL_S ?= 1740
