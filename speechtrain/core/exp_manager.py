@@ -30,6 +30,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from speechtrain.common.config import validate_config
 from speechtrain.lightning import CallbackGroup, TelemetryCallback
+from speechtrain.lightning.ema import EMA, EMAConfig
 from speechtrain.lightning.fault_tolerance import PreemptionCallback
 from speechtrain.lightning.launch import is_global_rank_zero, job_version, shared_name
 
@@ -88,6 +89,8 @@ class ExpManagerConfig:
         mlflow_logger_kwargs: arguments of Lightning's ``MLFlowLogger`` (``experiment_name``, ``run_name``,
             ``tracking_uri``, ``tags``, ...); ``experiment_name`` defaults to the run name, ``tracking_uri`` to
             ``file:<exp_dir>/mlruns``.
+        ema: a moving average of the weights, validated during training and written into the model (and its
+            archive) when training completes (see :mod:`speechtrain.lightning.ema`).
     """
 
     exp_dir: str | None = None
@@ -106,6 +109,7 @@ class ExpManagerConfig:
     wandb_logger_kwargs: dict[str, Any] = field(default_factory=dict)
     create_mlflow_logger: bool = False
     mlflow_logger_kwargs: dict[str, Any] = field(default_factory=dict)
+    ema: EMAConfig = field(default_factory=EMAConfig)
 
 
 class SpeechCheckpoint(ModelCheckpoint):
@@ -328,6 +332,14 @@ def exp_manager(
         )
         callback.CHECKPOINT_NAME_LAST = f"{name}--last"
         trainer.callbacks[:] = [cb for cb in trainer.callbacks if not isinstance(cb, ModelCheckpoint)] + [callback]
+
+    if cfg.ema.enable and not any(isinstance(cb, EMA) for cb in trainer.callbacks):
+        # Ahead of the checkpoint callback: the average is swapped out again before a checkpoint is written, and
+        # written into the model before the final archive is.
+        first_checkpoint = next((i for i, cb in enumerate(trainer.callbacks) if isinstance(cb, ModelCheckpoint)),
+                                len(trainer.callbacks))  # fmt: skip
+        ema = cfg.ema
+        trainer.callbacks.insert(first_checkpoint, EMA(ema.decay, ema.every_n_steps, ema.validate_original_weights))
 
     if cfg.create_preemption_callback and not any(isinstance(cb, PreemptionCallback) for cb in trainer.callbacks):
         trainer.callbacks.append(PreemptionCallback())
