@@ -77,6 +77,15 @@ def test_values_that_cannot_be_honoured_are_all_refused_by_name(tokenizer_dir):
     assert "6 setting(s)" in message or "7 setting(s)" in message
 
 
+def test_nemo_ema_keys_map_and_cpu_offload_is_refused(tokenizer_dir):
+    base = [f"model.tokenizer.dir={tokenizer_dir}", "+exp_manager.ema.enable=true", "+exp_manager.ema.decay=0.99",
+            "+exp_manager.ema.validate_original_weights=false"]  # fmt: skip
+    cfg = compose_config(CONF, NAME, [*base, "+exp_manager.ema.cpu_offload=false"], SCHEMA)
+    assert (cfg.exp_manager.ema.enable, cfg.exp_manager.ema.decay, cfg.exp_manager.ema.every_n_steps) == (True, 0.99, 1)
+    with pytest.raises(ConfigError, match=r"exp_manager\.ema=.*weights' device"):
+        compose_config(CONF, NAME, [*base, "+exp_manager.ema.cpu_offload=true"], SCHEMA)
+
+
 def test_another_nemo_class_is_refused_and_never_imported():
     cfg = {"model": {"encoder": {"_target_": "nemo.collections.asr.modules.ConvASREncoder", "jasper": []}}}
     assert is_nemo_config(cfg) and not is_nemo_config({"model": {"encoder": {"d_model": 3}}})
