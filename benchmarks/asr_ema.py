@@ -15,8 +15,8 @@ from pathlib import Path
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--run", required=True, help="a run folder trained with exp_manager.ema.enable=true")
-    parser.add_argument("--sets", nargs="+",
-                        default=["builtin:speech/dev", "builtin:speech/test", "builtin:speech/heldout_engine"])  # fmt: skip
+    sets = ["builtin:speech/dev", "builtin:speech/test", "builtin:speech/heldout_engine"]
+    parser.add_argument("--sets", nargs="+", default=sets)
     args = parser.parse_args()
 
     from speechtrain.asr.ctc import resolve_manifest, restore_for_finetuning

@@ -81,7 +81,8 @@ def test_nemo_ema_keys_map_and_cpu_offload_is_refused(tokenizer_dir):
     base = [f"model.tokenizer.dir={tokenizer_dir}", "+exp_manager.ema.enable=true", "+exp_manager.ema.decay=0.99",
             "+exp_manager.ema.validate_original_weights=false"]  # fmt: skip
     cfg = compose_config(CONF, NAME, [*base, "+exp_manager.ema.cpu_offload=false"], SCHEMA)
-    assert (cfg.exp_manager.ema.enable, cfg.exp_manager.ema.decay, cfg.exp_manager.ema.every_n_steps) == (True, 0.99, 1)
+    ema = cfg.exp_manager.ema
+    assert (ema.enable, ema.decay, ema.every_n_steps, ema.validate_original_weights) == (True, 0.99, 1, False)
     with pytest.raises(ConfigError, match=r"exp_manager\.ema=.*weights' device"):
         compose_config(CONF, NAME, [*base, "+exp_manager.ema.cpu_offload=true"], SCHEMA)
 
