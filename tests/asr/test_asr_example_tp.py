@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 from conftest import EXAMPLES, example_overrides, run_folder
 
 LAUNCHER = ("SLURM_", "RANK", "LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "MASTER_", "TORCHELASTIC", "PL_")
@@ -61,3 +62,32 @@ def test_tp2_saves_twice_per_epoch_replaces_top_k_and_closes_with_the_trained_we
     whole = sum(p.numel() for p in SpeechModel.restore_from(folder / "asr_demo.stm").parameters())
     (line,) = [line for line in done.stderr.splitlines() if "Parameters: " in line]
     assert "per rank (tensor-parallel shard 1 of 2" in line and f"whole model {whole:,}, of which" in line, line
+
+
+@pytest.mark.multiprocess
+def test_tp2_moving_average_resumes_from_its_shards_and_fills_the_archive(tmp_path, dtmf_manifest):
+    """Each tensor-parallel rank averages its own shard and saves it in its own checkpoint shard: a TP=2 run stopped
+    and resumed ends with the archive of an uninterrupted one, bit for bit."""
+    from conftest import final_weights
+
+    common = ("trainer.devices=2", "trainer.accelerator=cpu", "trainer.strategy.tensor_model_parallel_size=2",
+              "model.decoding.strategy=greedy", "model.optim.sched.name=constant", "exp_manager.ema.enable=true",
+              "exp_manager.ema.decay=0.9", "exp_manager.create_tensorboard_logger=false")  # fmt: skip
+    straight, split = tmp_path / "straight", tmp_path / "split"
+    _run_example(straight, *example_overrides(straight, dtmf_manifest), *common, "trainer.max_epochs=2")
+    _run_example(split, *example_overrides(split, dtmf_manifest), *common, "trainer.max_epochs=1")
+    _run_example(split, *example_overrides(split, dtmf_manifest), *common, "trainer.max_epochs=2",
+                 "exp_manager.resume_if_exists=true")  # fmt: skip
+    expected, resumed = final_weights(straight), final_weights(split)
+    assert expected.keys() == resumed.keys()
+    for key in expected:
+        assert torch.equal(resumed[key], expected[key]), key
+    # The archive holds the average, not the live weights of the last checkpoint's shards.
+    from speechtrain.lightning.checkpoint import load_checkpoint
+
+    shard = load_checkpoint(run_folder(straight) / "checkpoints" / "asr_demo--last.ckpt" / "tp00_pp000.ckpt")
+    (state,) = [v for k, v in shard["callbacks"].items() if k.startswith("EMA")]
+    assert state["updates"] == shard["global_step"] > 0
+    average = dict(zip(state["names"], state["ema"], strict=True))
+    live = shard["state_dict"]
+    assert any(not torch.equal(live[name], tensor) for name, tensor in average.items() if name in live)
