@@ -17,7 +17,9 @@ averages it parameter by parameter, and its swap replaces the module's tensors, 
 are views into its contiguous parameter buffers. Here the average is one list of tensors updated with one fused
 ``torch._foreach_lerp_`` per step (no per-parameter Python loop, no host sync, no collective: every rank keeps
 the average of the weights it holds, so data-parallel replicas stay identical and tensor/pipeline-parallel ranks
-each average their own shard), and a swap copies values into the existing tensors.
+each average their own shard), and a swap copies values into the existing tensors. (The bridge's distributed
+optimizer gathers the updated parameters inside its step, never overlapped with the next forward, so every rank's
+weights are whole when the average reads them.)
 """
 
 import logging
