@@ -12,12 +12,12 @@ import argparse
 from pathlib import Path
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--run", required=True, help="a run folder trained with exp_manager.ema.enable=true")
     sets = ["builtin:speech/dev", "builtin:speech/test", "builtin:speech/heldout_engine"]
     parser.add_argument("--sets", nargs="+", default=sets)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
 
     from speechtrain.asr.ctc import resolve_manifest, restore_for_finetuning
     from speechtrain.asr.report import _greedy_hyps

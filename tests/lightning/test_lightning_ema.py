@@ -1,5 +1,8 @@
 """exp_manager.ema: the moving average's arithmetic, its swap for validation, resume, and the final archive."""
 
+import importlib.util
+from pathlib import Path
+
 import pytest
 import torch
 from conftest import example_job, example_main, final_weights, run_folder
@@ -59,7 +62,8 @@ def _ema_state(checkpoint):
     return dict(zip(state["names"], state["ema"])), state["updates"]
 
 
-def test_resumed_run_with_ema_equals_uninterrupted_and_the_archive_holds_the_average(tmp_path, dtmf_manifest):
+def test_resumed_run_with_ema_equals_uninterrupted_and_the_archive_holds_the_average(tmp_path, dtmf_manifest,
+                                                                                     capsys):  # fmt: skip
     main = example_main()
     straight, split = tmp_path / "straight", tmp_path / "split"
     job = ("model.optim.sched.name=constant", "exp_manager.ema.enable=true", "exp_manager.ema.decay=0.95")
@@ -83,3 +87,13 @@ def test_resumed_run_with_ema_equals_uninterrupted_and_the_archive_holds_the_ave
         torch.testing.assert_close(expected[name], tensor, rtol=0, atol=0)
         moved += not torch.equal(live[name], tensor)
     assert moved > 0, "the average must differ from the live weights"
+
+    # benchmarks/asr_ema.py decodes both side by side.
+    spec = importlib.util.spec_from_file_location("asr_ema", Path(__file__).parents[2] / "benchmarks" / "asr_ema.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    capsys.readouterr()
+    module.main(["--run", str(run_folder(straight)), "--sets", str(dtmf_manifest)])
+    rows = capsys.readouterr().out.strip().splitlines()[-2:]
+    assert rows[0].startswith("| moving average (archive) | ") and rows[1].startswith("| live weights (last.ckpt) | ")
+    assert all(row.endswith("% |") for row in rows), rows
