@@ -31,7 +31,7 @@ from omegaconf import DictConfig, OmegaConf
 from speechtrain.common.config import validate_config
 from speechtrain.lightning import CallbackGroup, TelemetryCallback
 from speechtrain.lightning.ema import EMA, EMAConfig
-from speechtrain.lightning.fault_tolerance import PreemptionCallback
+from speechtrain.lightning.fault_tolerance import PreemptionCallback, was_preempted
 from speechtrain.lightning.launch import is_global_rank_zero, job_version, shared_name
 
 logger = logging.getLogger(__name__)
@@ -162,8 +162,7 @@ class SpeechCheckpoint(ModelCheckpoint):
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         super().on_train_end(trainer, pl_module)
-        preempted = any(isinstance(cb, PreemptionCallback) and cb.preempted for cb in trainer.callbacks)
-        if self.archive_path is not None and hasattr(pl_module, "save_to") and not preempted:
+        if self.archive_path is not None and hasattr(pl_module, "save_to") and not was_preempted(trainer):
             pl_module.save_to(self.archive_path)
             if trainer.is_global_zero:
                 logger.info("Saved the final model archive to %s", self.archive_path)

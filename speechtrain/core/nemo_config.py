@@ -225,6 +225,18 @@ _CHECKPOINT = {
     "save_best_model": ("drop", "the archive holds the final weights; the best checkpoints are kept (save_top_k)"),
 }
 
+
+def _ema(ema: Mapping[str, Any]) -> dict[str, Any]:
+    """NeMo's ``exp_manager.ema``: the same keys, but ``cpu_offload`` (the average stays on the weights' device)."""
+    ema = dict(ema)
+    if ema.pop("cpu_offload", False):
+        raise _Refuse("the moving average stays on the weights' device (set cpu_offload=false)")
+    unknown = sorted(set(ema) - {"enable", "decay", "every_n_steps", "validate_original_weights"})
+    if unknown:
+        raise _Refuse(f"no speechtrain equivalent for {unknown}")
+    return ema
+
+
 _EXP_MANAGER = {
     **{
         k: ("map", k, None)
@@ -245,19 +257,8 @@ _EXP_MANAGER = {
         )
     },  # fmt: skip
     "use_datetime_version": ("same", _same(True, why="set exp_manager.version to name the run folder"), "timestamp"),
-    "ema": ("map", "ema", lambda ema: _ema(ema)),
+    "ema": ("map", "ema", _ema),
 }
-
-
-def _ema(ema: Mapping[str, Any]) -> dict[str, Any]:
-    """NeMo's ``exp_manager.ema``: the same keys, but ``cpu_offload`` (the average stays on the weights' device)."""
-    ema = dict(ema)
-    if ema.pop("cpu_offload", False):
-        raise _Refuse("the moving average stays on the weights' device (set cpu_offload=false)")
-    unknown = sorted(set(ema) - {"enable", "decay", "every_n_steps", "validate_original_weights"})
-    if unknown:
-        raise _Refuse(f"no speechtrain equivalent for {unknown}")
-    return ema
 
 
 class _Translator:

@@ -29,6 +29,8 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 
+from speechtrain.lightning.fault_tolerance import was_preempted
+
 logger = logging.getLogger(__name__)
 
 
@@ -90,7 +92,6 @@ class EMA(pl.Callback):
         self._pending: dict[str, Any] | None = None
         self._last_step = -1
         self._swapped = False
-        self._finished = False
         self._all_fp32 = True
 
     # -- the average ------------------------------------------------------------------------------------------
@@ -100,11 +101,14 @@ class EMA(pl.Callback):
         self._names, self._live = _averaged_tensors(pl_module)
         # fp32 whatever the weights' dtype: an average of bf16 weights kept in bf16 would not move at all for
         # decays near 1 (bf16 resolves ~0.4% steps).
-        self._ema = [t.detach().to(dtype=torch.float32, copy=True) for t in self._live]
+        self._ema = self._fp32_copy_of_live()
         self._all_fp32 = all(t.dtype == torch.float32 for t in self._live)
         if self._pending is not None:
             self._restore(self._pending)
             self._pending = None
+
+    def _fp32_copy_of_live(self) -> list[torch.Tensor]:
+        return [t.detach().to(dtype=torch.float32, copy=True) for t in self._live]
 
     def _restore(self, state: dict[str, Any]) -> None:
         names = list(state["names"])
@@ -136,7 +140,7 @@ class EMA(pl.Callback):
     @torch.no_grad()
     def _swap(self) -> None:
         """Exchange the live weights and the average (values copied into the existing tensors)."""
-        saved = [t.detach().float() if t.dtype != torch.float32 else t.detach().clone() for t in self._live]
+        saved = self._fp32_copy_of_live()
         torch._foreach_copy_(self._live, self._ema)
         self._ema = saved
         self._swapped = not self._swapped
@@ -145,7 +149,6 @@ class EMA(pl.Callback):
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._ensure(pl_module)
         self._last_step = trainer.global_step
-        self._finished = False
 
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: Any, **kw: Any) -> None:
         step = trainer.global_step
@@ -153,12 +156,10 @@ class EMA(pl.Callback):
             return
         self._last_step = step
         if step % self.every_n_steps == 0:
-            self._ensure(pl_module)
             self.update()
 
     def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if trainer.state.fn == "fit" and not self.validate_original_weights and not self._finished:
-            self._ensure(pl_module)
+        if trainer.state.fn == "fit" and not self.validate_original_weights:  # not the closing trainer.validate
             self._swap()
 
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -169,11 +170,9 @@ class EMA(pl.Callback):
         # Before the checkpoint callback's on_train_end (exp_manager puts that last), which writes the archive.
         if self._swapped:
             self._swap()
-        preempted = any(getattr(cb, "preempted", False) for cb in trainer.callbacks)
-        if self._live and not preempted:
+        if self._live and not was_preempted(trainer):
             with torch.no_grad():
                 torch._foreach_copy_(self._live, self._ema)
-            self._finished = True
             logger.info("exp_manager.ema: the model now holds the moving average of its weights (%d updates)",
                         self.updates)  # fmt: skip
 

@@ -115,12 +115,16 @@ class PreemptionCallback(pl.Callback):
         self._previous = {}
 
 
+def was_preempted(trainer: pl.Trainer) -> bool:
+    """Whether a :class:`PreemptionCallback` of ``trainer`` stopped its run."""
+    return any(isinstance(cb, PreemptionCallback) and cb.preempted for cb in trainer.callbacks)
+
+
 def exit_if_preempted(trainer: pl.Trainer) -> None:
     """After ``fit``: if a :class:`PreemptionCallback` stopped the run, exit the process (global rank 0 with
     :data:`PREEMPTED_EXIT_CODE`, the others with 0 so that a launcher does not kill rank 0 before it exits)."""
-    for callback in trainer.callbacks:
-        if isinstance(callback, PreemptionCallback) and callback.preempted:
-            sys.exit(PREEMPTED_EXIT_CODE if trainer.is_global_zero else 0)
+    if was_preempted(trainer):
+        sys.exit(PREEMPTED_EXIT_CODE if trainer.is_global_zero else 0)
 
 
 class NonFiniteLossError(RuntimeError):
