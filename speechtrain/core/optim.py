@@ -18,14 +18,17 @@ class SchedConfig:
     Attributes:
         name: ``cosine`` (linear warm-up, then cosine decay to ``min_lr`` at ``max_steps``), ``noam`` (linear warm-up
             to ``lr * d_model^-0.5 * warmup^-0.5``, then decay as ``1/sqrt(step)``; the Transformer paper's schedule),
-            ``inverse_sqrt`` (linear warm-up to ``lr``, then ``lr * sqrt(warmup / step)``), ``constant`` (warm-up,
-            then flat) or ``none``.
+            ``inverse_sqrt`` (linear warm-up to ``lr``, then ``lr * sqrt(warmup / step)``), ``linear`` (warm-up, then
+            a straight line to ``min_lr``; NeMo's ``WarmupAnnealing``), ``wsd`` (warm-up, stable at ``lr``, then a
+            straight line to ``min_lr`` over the last ``decay_ratio`` of the run: warm-up-stable-decay), ``constant``
+            (warm-up, then flat) or ``none``.
         warmup_steps: linear warm-up length in optimizer steps.
         warmup_ratio: warm-up as a fraction of the run (of ``max_steps``, or of ``trainer.max_time`` for runs bounded
             by time); set it or ``warmup_steps``, not both.
         min_lr: floor of the learning rate after the warm-up (the end point of the cosine decay).
         max_steps: decay length; ``-1`` takes the trainer's ``max_steps`` (estimated from epochs when unset).
         d_model: the model width of the Noam schedule's scale ``d_model^-0.5`` (NeMo's default 1: no scaling).
+        decay_ratio: ``wsd``: the fraction of the run after the warm-up spent decaying (0 < it <= 1; 1 is ``linear``).
     """
 
     name: str = "cosine"
@@ -34,11 +37,13 @@ class SchedConfig:
     min_lr: float = 0.0
     max_steps: int = -1
     d_model: int = 1
+    decay_ratio: float = 0.2
 
 
 # NeMo's scheduler names -> ours.
-SCHEDULE_ALIASES = {"CosineAnnealing": "cosine", "NoamAnnealing": "noam", "InverseSquareRootAnnealing": "inverse_sqrt"}
-SCHEDULES = ("cosine", "noam", "inverse_sqrt", "constant", "none")
+SCHEDULE_ALIASES = {"CosineAnnealing": "cosine", "NoamAnnealing": "noam", "InverseSquareRootAnnealing": "inverse_sqrt",
+                    "WarmupAnnealing": "linear"}  # fmt: skip
+SCHEDULES = ("cosine", "noam", "inverse_sqrt", "linear", "wsd", "constant", "none")
 
 
 @dataclass
@@ -140,6 +145,9 @@ def lr_factor(
         decay = done if done is not None else min(1.0, (step - warmup) / max(1, max_steps - warmup))
     if name == "constant":
         return 1.0
+    if name in ("linear", "wsd"):
+        span = sched.decay_ratio if name == "wsd" else 1.0
+        return min_factor + (1.0 - min_factor) * min(1.0, (1.0 - decay) / span)
     return min_factor + (1.0 - min_factor) * 0.5 * (1.0 + math.cos(math.pi * decay))
 
 
@@ -162,6 +170,8 @@ def build_scheduler(
         )
     if sched.warmup_ratio is not None and not 0.0 <= sched.warmup_ratio < 1.0:
         raise ValueError(f"model.optim.sched.warmup_ratio must be in [0, 1), got {sched.warmup_ratio}.")
+    if name == "wsd" and not 0.0 < sched.decay_ratio <= 1.0:
+        raise ValueError(f"model.optim.sched.decay_ratio must be in (0, 1], got {sched.decay_ratio}.")
     if name in ("noam", "inverse_sqrt") and sched.warmup_steps <= 0 and not sched.warmup_ratio:
         raise ValueError(
             f"The {sched.name} schedule needs a warm-up: set model.optim.sched.warmup_steps or warmup_ratio."

@@ -1,4 +1,5 @@
-"""Learning-rate schedules of ``model.optim.sched``: cosine with warmup_ratio, Noam, inverse square root."""
+"""Learning-rate schedules of ``model.optim.sched``: cosine with warmup_ratio, Noam, inverse square root, linear,
+warm-up-stable-decay."""
 
 import math
 
@@ -49,6 +50,19 @@ def test_warmup_ratio_of_a_time_bounded_run_is_a_share_of_the_time():
     assert lr_factor(9, sched, 0, 1.0, progress=lambda: 0.6) == pytest.approx(0.5)  # half-way through the decay
 
 
+def test_linear_and_wsd_decay_in_a_straight_line_to_the_floor():
+    linear = _lrs(SchedConfig(name="WarmupAnnealing", warmup_steps=10, min_lr=0.1), 100)
+    assert linear[9] == pytest.approx(1.0) and linear[55] == pytest.approx(0.1 + 0.9 * 0.5)
+    assert linear[99] == pytest.approx(0.1 + 0.9 / 90)
+    wsd = _lrs(SchedConfig(name="wsd", warmup_steps=10, min_lr=0.1, decay_ratio=0.2), 100)
+    assert wsd[:10] == linear[:10] and wsd[10:82] == [1.0] * 72  # stable until the last 20% of the 90 steps
+    assert wsd[91] == pytest.approx(0.1 + 0.9 * 0.5)  # half-way through the decay
+    assert wsd[99] == pytest.approx(0.1 + 0.9 / 18)
+    time_bounded = SchedConfig(name="wsd", warmup_steps=0, decay_ratio=0.5)
+    assert lr_factor(50, time_bounded, 0, 1.0, progress=lambda: 0.4) == 1.0
+    assert lr_factor(90, time_bounded, 0, 1.0, progress=lambda: 0.75) == pytest.approx(0.5)
+
+
 @pytest.mark.parametrize(
     ("sched", "message"),
     [
@@ -56,6 +70,7 @@ def test_warmup_ratio_of_a_time_bounded_run_is_a_share_of_the_time():
         (SchedConfig(warmup_steps=5, warmup_ratio=0.1), "both warmup_steps"),
         (SchedConfig(name="noam"), "needs a warm-up"),
         (SchedConfig(warmup_ratio=1.5), "warmup_ratio must be"),
+        (SchedConfig(name="wsd", decay_ratio=0.0), "decay_ratio must be"),
     ],
 )
 def test_bad_schedules_are_refused_by_name(sched, message):
