@@ -20,7 +20,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
 
     from speechtrain.asr.ctc import resolve_manifest, restore_for_finetuning
-    from speechtrain.asr.report import _greedy_hyps
+    from speechtrain.asr.report import greedy_transcripts
     from speechtrain.common.metrics import error_rate, format_rate, word_errors
     from speechtrain.core.model import SpeechModel
     from speechtrain.data.manifest import read_nemo_manifest
@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> None:
         norm = model.text_normalizer
         cells = []
         for _, records in sets:
-            hyps = _greedy_hyps(model, records)
+            hyps = greedy_transcripts(model, records)
             refs = [norm(r["text"]) for r in records]
             cells.append(format_rate(error_rate(*word_errors([norm(h) for h in hyps], refs))))
         print(f"| {label} | " + " | ".join(cells) + " |", flush=True)

@@ -57,7 +57,7 @@ def greedy_by_group(model: Any, records: list[dict], hyps: list[str]) -> dict[st
     return {g: (error_rate(*word_errors(*zip(*pairs))), len(pairs)) for g, pairs in sorted(groups.items())}
 
 
-def _greedy_hyps(model: Any, records: list[dict], batch_size: int = 16) -> list[str]:
+def greedy_transcripts(model: Any, records: list[dict], batch_size: int = 16) -> list[str]:
     """The model's greedy transcripts (:meth:`~speechtrain.asr.ctc.CTCModel.transcribe`) of ``records``, in their
     order. Decoded longest first, so that each batch pads little (a manifest in file order mixes 2 s and 15 s)."""
     order = sorted(range(len(records)), key=lambda i: -float(records[i].get("duration") or 0.0))
@@ -96,7 +96,7 @@ def greedy_breakdowns(model: Any, sets: list[tuple[str, Path]]) -> dict[str, dic
             continue
         mine = range(rank, len(records), size)
         try:
-            share: list | str = list(zip(mine, _greedy_hyps(model, [records[i] for i in mine]), strict=True))
+            share: list | str = list(zip(mine, greedy_transcripts(model, [records[i] for i in mine]), strict=True))
         except (OSError, RuntimeError, ValueError) as error:  # an unreadable file (soundfile's errors among them)
             share = f"{type(error).__name__}: {error}"  # sent as the share: the other ranks must not wait for it
         shares = [share]
