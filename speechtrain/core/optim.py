@@ -25,7 +25,7 @@ class SchedConfig:
         warmup_steps: linear warm-up length in optimizer steps.
         warmup_ratio: warm-up as a fraction of the run (of ``max_steps``, or of ``trainer.max_time`` for runs bounded
             by time); set it or ``warmup_steps``, not both.
-        min_lr: floor of the learning rate after the warm-up (the end point of the cosine decay).
+        min_lr: floor of the learning rate after the warm-up (the end point of the cosine, linear and wsd decays).
         max_steps: decay length; ``-1`` takes the trainer's ``max_steps`` (estimated from epochs when unset).
         d_model: the model width of the Noam schedule's scale ``d_model^-0.5`` (NeMo's default 1: no scaling).
         decay_ratio: ``wsd``: the fraction of the run after the warm-up spent decaying (0 < it <= 1; 1 is ``linear``).

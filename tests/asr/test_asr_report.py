@@ -91,6 +91,9 @@ def _breakdown_rank(rank, folder, port):  # one of two gloo ranks, no Megatron s
         broken = greedy_breakdowns(_EchoModel(model.texts), [("broken", folder / "broken.json")])
         (folder / f"rank{rank}.json").write_text(json.dumps({"result": result, "decoded": model.decoded,
                                                              "broken": broken}))  # fmt: skip
+        # Neither rank tears gloo down while the other may still be sending (a SIGABRT in teardown, seen once in CI
+        # on a loaded machine).
+        torch.distributed.barrier()
     finally:
         torch.distributed.destroy_process_group()
 
