@@ -112,6 +112,7 @@ def check_optim_config(optim: Any) -> None:
         ("sched.name", merged.sched.name in SCHEDULE_NAMES, f"one of {', '.join(SCHEDULE_NAMES)}"),
         ("sched.warmup_steps", merged.sched.warmup_steps >= 0, ">= 0"),
         ("sched.min_lr", 0 <= merged.sched.min_lr <= merged.lr, f"between 0 and model.optim.lr={merged.lr}"),
+        ("sched.decay_ratio", 0 < merged.sched.decay_ratio <= 1, "in (0, 1]"),
     ]
     for key, ok, expected in checks:
         if not ok:

@@ -63,6 +63,14 @@ def test_linear_and_wsd_decay_in_a_straight_line_to_the_floor():
     assert lr_factor(90, time_bounded, 0, 1.0, progress=lambda: 0.75) == pytest.approx(0.5)
 
 
+def test_a_job_with_a_bad_decay_ratio_stops_before_any_run_folder():
+    from speechtrain.common.config import ConfigError
+    from speechtrain.core.model import check_optim_config
+
+    with pytest.raises(ConfigError, match=r"model.optim.sched.decay_ratio=1.5: must be in \(0, 1\]"):
+        check_optim_config({"sched": {"name": "wsd", "decay_ratio": 1.5}})
+
+
 @pytest.mark.parametrize(
     ("sched", "message"),
     [
