@@ -70,12 +70,26 @@ class PredictionConfig:
             ``StatelessTransducerDecoder`` and its ``context_size``), the last k labels only, each embedded by its
             own table (offset 1, 2, ..., k), concatenated, projected to ``pred_hidden`` and passed through a ReLU
             (``pred_rnn_layers`` is then unused). A short context cannot learn whole training sentences by heart.
+        label_dropout: in training, the probability that each previous label the network reads is replaced by the
+            start symbol (blank), drawn per label from the model's RNG like dropout; the loss still
+            scores every label. The network then cannot lean on having read the whole sentence before, which a
+            decoder trained on few distinct sentences learns by heart. 0: off (NeMo has no such key).
     """
 
     pred_hidden: int = 640
     pred_rnn_layers: int = 1
     dropout: float = 0.2
     context_size: int = 0
+    label_dropout: float = 0.0
+
+
+def _drop_labels(tokens: torch.Tensor, rate: float, blank: int, training: bool) -> torch.Tensor:
+    """``tokens`` with each label replaced by ``blank`` with probability ``rate`` in training (on their device, no
+    host read); unchanged otherwise."""
+    if not training or rate <= 0.0:
+        return tokens
+    dropped = torch.rand(tokens.shape, device=tokens.device) < rate
+    return tokens.masked_fill(dropped, blank)
 
 
 @dataclass
@@ -153,9 +167,11 @@ class PredictionNetwork(torch.nn.Module):
         self.embed = torch.nn.Embedding(vocab_size + 1, cfg.pred_hidden, padding_idx=blank)
         self.lstm = torch.nn.LSTM(cfg.pred_hidden, cfg.pred_hidden, cfg.pred_rnn_layers, batch_first=True)
         self.dropout = torch.nn.Dropout(cfg.dropout)
+        self.label_dropout = cfg.label_dropout
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         """tokens (B, U) -> outputs (B, U+1, H): position u has seen the start symbol and ``tokens[:, :u]``."""
+        tokens = _drop_labels(tokens, self.label_dropout, self.blank, self.training)
         start = torch.full_like(tokens[:, :1], self.blank)
         x = self.dropout(self.embed(torch.cat([start, tokens], dim=1)))
         return self.dropout(self.lstm(x)[0])
@@ -179,6 +195,7 @@ class StatelessPredictionNetwork(torch.nn.Module):
         self.embed = torch.nn.Embedding(self.context * (vocab_size + 1), cfg.pred_hidden)
         self.proj = torch.nn.Linear(self.context * cfg.pred_hidden, cfg.pred_hidden)
         self.dropout = torch.nn.Dropout(cfg.dropout)
+        self.label_dropout = cfg.label_dropout
         # where each offset's table starts (the newest label: table 0); a buffer, so it moves with the model and no
         # decoding step makes a tensor
         offsets = torch.arange(self.context - 1, -1, -1, device=self.embed.weight.device) * (vocab_size + 1)
@@ -191,6 +208,7 @@ class StatelessPredictionNetwork(torch.nn.Module):
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         """tokens (B, U) -> outputs (B, U+1, H): position u reads ``tokens[:, u-k:u]`` (blank before the start)."""
+        tokens = _drop_labels(tokens, self.label_dropout, self.blank, self.training)
         padded = F.pad(tokens, (self.context, 0), value=self.blank)  # (B, U+k)
         context = padded.unfold(1, self.context, 1)  # (B, U+1, k)
         return self.dropout(self._features(context))
@@ -210,6 +228,8 @@ def prediction_network(vocab_size: int, blank: int, cfg: PredictionConfig) -> to
     """The LSTM prediction network, or the stateless one when ``cfg.context_size`` >= 1."""
     if cfg.context_size < 0:
         raise ValueError(f"model.prediction.context_size must be >= 0 (0: LSTM), got {cfg.context_size}.")
+    if not 0.0 <= cfg.label_dropout < 1.0:
+        raise ValueError(f"model.prediction.label_dropout must be in [0, 1), got {cfg.label_dropout}.")
     if cfg.context_size:
         return StatelessPredictionNetwork(vocab_size, blank, cfg)
     return PredictionNetwork(vocab_size, blank, cfg)

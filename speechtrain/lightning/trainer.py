@@ -14,6 +14,7 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.trainer.connectors.checkpoint_connector import _CheckpointConnector
 
+from speechtrain.common.auto_precision import resolve_auto_precision
 from speechtrain.common.denormals import flush_denormals
 from speechtrain.common.memory import keep_freed_memory
 from speechtrain.lightning.callbacks import CallbackGroup
@@ -165,11 +166,16 @@ class Trainer(pl.Trainer):
 
     Before ``fit`` starts, the lifecycle :class:`CallbackGroup` gets the run's configuration and its callbacks
     are attached to this trainer.
+
+    ``precision="auto"`` becomes ``bf16-mixed`` or ``32-true`` for this machine before anything else
+    (:mod:`speechtrain.common.auto_precision`); ``init_args`` records the answer.
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         keep_freed_memory()  # host activations reused step to step (speechtrain.common.memory)
         flush_denormals()  # a transducer loss on the CPU, +58% (speechtrain.common.denormals)
+        if kwargs.get("precision") == "auto":  # bf16-mixed where it is faster here (speechtrain.common.auto_precision)
+            kwargs["precision"] = resolve_auto_precision(kwargs.get("accelerator", "auto"))
         bound = inspect.signature(pl.Trainer.__init__).bind(None, *args, **kwargs)
         arguments = dict(bound.arguments)
         arguments.pop("self")

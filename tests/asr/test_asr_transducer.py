@@ -236,6 +236,31 @@ def test_stateless_prediction_network_reads_only_the_last_labels_and_steps_as_it
         _model(prediction={"pred_hidden": 16, "context_size": -1})
 
 
+@pytest.mark.parametrize("context", [0, 2])
+def test_label_dropout_replaces_previous_labels_by_the_start_symbol_in_training_only(context):
+    cfg = {"pred_hidden": 16, "dropout": 0.0, "context_size": context}
+    model = _model(loss="tdt", scale=0.5, prediction={**cfg, "label_dropout": 0.5})
+    plain = _model(loss="tdt", scale=0.5, prediction=cfg)  # same seed: same weights
+    tokens = torch.randint(0, model.blank, (4, 12), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        model.eval(), plain.eval()
+        torch.testing.assert_close(model.prediction(tokens), plain.prediction(tokens), rtol=0, atol=0)
+        model.train()
+        torch.manual_seed(7)
+        first = model.prediction(tokens)
+        torch.manual_seed(7)
+        dropped = torch.rand(tokens.shape) < 0.5  # the draw label dropout makes from the same RNG state
+        expected = plain.prediction.eval()(tokens.masked_fill(dropped, model.blank))
+        torch.manual_seed(7)
+        torch.testing.assert_close(model.prediction(tokens), first, rtol=0, atol=0)  # seeded like dropout
+    assert 0 < int(dropped.sum()) < tokens.numel()
+    torch.testing.assert_close(first, expected, rtol=0, atol=0)
+    assert not torch.equal(first, plain.prediction(tokens))
+    for bad in (-0.1, 1.0):
+        with pytest.raises(ValueError, match="label_dropout"):
+            _model(prediction={**cfg, "label_dropout": bad})
+
+
 def test_tdt_greedy_skips_frames_on_a_model_that_predicts_long_durations():
     model = _model(loss="tdt").eval()
     with torch.no_grad():

@@ -1,0 +1,45 @@
+"""Is bf16 autocast worth it on this CPU? fp32 and bf16 GFLOP/s of the demo encoder's feed-forward product
+(3000x144 by 144x576), one thread, and what ``trainer.precision=auto`` would choose here
+(:mod:`speechtrain.common.auto_precision`).
+
+    python benchmarks/cpu_bf16.py [--repeats 20]
+
+Run it on an idle machine: the timing is what ``auto`` measures when a run starts.
+"""
+
+import argparse
+import time
+
+
+def gflops(dtype, repeats: int) -> float:
+    import torch
+
+    rows, inner, cols = 3000, 144, 576
+    a, b = torch.randn(rows, inner).to(dtype), torch.randn(inner, cols).to(dtype)
+    a @ b
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - start)
+    return 2 * rows * inner * cols / best / 1e9
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--repeats", type=int, default=20, help="timings per dtype (the best one counts)")
+    args = parser.parse_args(argv)
+    import torch
+
+    from speechtrain.common.auto_precision import MIN_SPEEDUP, bf16_speedup
+
+    torch.set_num_threads(1)
+    fp32, bf16 = gflops(torch.float32, args.repeats), gflops(torch.bfloat16, args.repeats)
+    speedup = bf16_speedup()
+    print("| fp32 GFLOP/s | bf16 GFLOP/s | bf16 speed-up (auto's timing) | auto chooses |")
+    print("|---|---|---|---|")
+    print(f"| {fp32:.1f} | {bf16:.1f} | {speedup:.2f}x | {'bf16-mixed' if speedup >= MIN_SPEEDUP else '32-true'} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,81 @@
+"""``trainer.precision=auto``: bf16 autocast where this machine computes it faster than fp32, else fp32.
+
+On a GPU that supports bf16 the answer is always ``bf16-mixed``. On a CPU it depends on the CPU, and no flag that can
+be read tells: measured with torch 2.11, one thread, a 3000x144 by 144x576 product (the demo encoder's feed-forward
+shape): on one 2-core machine of this project (AVX512-BF16, no AMX) bf16 took twice as long as fp32 and the demo's
+step was 25% slower in bf16; on another (AMD EPYC, Zen 4, AVX512-BF16 too) bf16 ran 2.9x as fast (150 vs 52
+GFLOP/s) and the demo trained 35-45% more audio per second. So ``auto`` times that product in both dtypes when the
+run starts (well under a second) and takes ``bf16-mixed`` when bf16 is at least :data:`MIN_SPEEDUP` times as fast.
+Features, losses and the optimizer stay fp32 under ``bf16-mixed`` (:mod:`speechtrain.lightning.precision`).
+
+Every data-parallel rank must train in the same precision. The process that resolves ``auto`` first writes its
+answer to ``SPEECHTRAIN_AUTO_PRECISION``; the ranks Lightning starts inherit the environment and read it instead
+of measuring. Ranks started by another launcher (``WORLD_SIZE`` > 1 with no answer in the environment) cannot
+agree on a timing, so on a CPU they train in fp32 and say so; setting ``SPEECHTRAIN_AUTO_PRECISION`` (or
+``trainer.precision``) for the launcher chooses for all of them.
+"""
+
+import logging
+import os
+import time
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+ENV = "SPEECHTRAIN_AUTO_PRECISION"
+CHOICES = ("32-true", "bf16-mixed")
+MIN_SPEEDUP = 1.5  # bf16 autocast also casts every weight and activation it multiplies: it must win clearly
+_SHAPE = (3000, 144, 576)
+
+
+def _uses_cuda(accelerator: object) -> bool:
+    name = str(accelerator if accelerator is not None else "auto").lower()
+    if name in ("gpu", "cuda"):
+        return True
+    return name == "auto" and torch.cuda.is_available()
+
+
+def bf16_speedup(repeats: int = 5, products: int = 4) -> float:
+    """fp32 time / bf16 time of the demo-shaped matrix product on this CPU (best of ``repeats`` timings each)."""
+    rows, inner, cols = _SHAPE
+    generator = torch.Generator().manual_seed(0)
+    times = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        a = torch.randn(rows, inner, generator=generator).to(dtype)
+        b = torch.randn(inner, cols, generator=generator).to(dtype)
+        a @ b  # warm-up: the first product may pick kernels
+        best = float("inf")
+        for _ in range(repeats):
+            start = time.perf_counter()
+            for _ in range(products):
+                a @ b
+            best = min(best, time.perf_counter() - start)
+        times[dtype] = best
+    return times[torch.float32] / times[torch.bfloat16]
+
+
+def resolve_auto_precision(accelerator: object = "auto") -> str:
+    """The precision ``auto`` means for a run on ``accelerator`` (module docstring), recorded in the environment for
+    the data-parallel ranks this process starts."""
+    if _uses_cuda(accelerator):
+        return "bf16-mixed" if torch.cuda.is_bf16_supported() else "32-true"
+    chosen = os.environ.get(ENV)
+    if chosen is not None:
+        if chosen not in CHOICES:
+            raise ValueError(f"{ENV}={chosen!r}: choose one of {', '.join(CHOICES)} (or unset it to measure).")
+        return chosen
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        logger.warning(
+            "trainer.precision=auto: ranks started by an outside launcher cannot agree on a timing; training in fp32. "
+            "Set %s=bf16-mixed (or trainer.precision) to choose for every rank.", ENV
+        )
+        return "32-true"
+    speedup = bf16_speedup()
+    chosen = "bf16-mixed" if speedup >= MIN_SPEEDUP else "32-true"
+    logger.info(
+        "trainer.precision=auto: %s (a bf16 matrix product runs %.2fx as fast as fp32 on this CPU; bf16 needs %.1fx)",
+        chosen, speedup, MIN_SPEEDUP,
+    )  # fmt: skip
+    os.environ[ENV] = chosen
+    return chosen
