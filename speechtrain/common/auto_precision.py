@@ -3,9 +3,11 @@
 On a GPU that supports bf16 the answer is always ``bf16-mixed``. On a CPU it depends on the CPU, and no flag that can
 be read tells: measured with torch 2.11, one thread, a 3000x144 by 144x576 product (the demo encoder's feed-forward
 shape): on one 2-core machine of this project (AVX512-BF16, no AMX) bf16 took twice as long as fp32 and the demo's
-step was 25% slower in bf16; on another (AMD EPYC, Zen 4, AVX512-BF16 too) bf16 ran 2.9x as fast (150 vs 52
-GFLOP/s) and the demo trained 35-45% more audio per second. So ``auto`` times that product in both dtypes when the
-run starts (well under a second) and takes ``bf16-mixed`` when bf16 is at least :data:`MIN_SPEEDUP` times as fast.
+step was 25% slower in bf16; on another (AMD EPYC, Zen 4, AVX512-BF16 too) bf16 ran 3.1x as fast (191 vs 71
+GFLOP/s, ``benchmarks/cpu_bf16.py``) and the demo trained 16% more audio per second (a mean 104 vs 90 audio-s/s over
+17 minutes: the rest of its step, the transducer loss among it, stays fp32). So ``auto`` times that product in both
+dtypes when the run starts (well under a second) and takes ``bf16-mixed`` when bf16 is at least :data:`MIN_SPEEDUP`
+times as fast.
 Features, losses and the optimizer stay fp32 under ``bf16-mixed`` (:mod:`speechtrain.lightning.precision`).
 
 Every data-parallel rank must train in the same precision. The process that resolves ``auto`` first writes its
@@ -68,7 +70,8 @@ def resolve_auto_precision(accelerator: object = "auto") -> str:
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         logger.warning(
             "trainer.precision=auto: ranks started by an outside launcher cannot agree on a timing; training in fp32. "
-            "Set %s=bf16-mixed (or trainer.precision) to choose for every rank.", ENV
+            "Set %s=bf16-mixed (or trainer.precision) to choose for every rank.",
+            ENV,
         )
         return "32-true"
     speedup = bf16_speedup()
