@@ -8,21 +8,6 @@ Run it on an idle machine: the timing is what ``auto`` measures when a run start
 """
 
 import argparse
-import time
-
-
-def gflops(dtype, repeats: int) -> float:
-    import torch
-
-    rows, inner, cols = 3000, 144, 576
-    a, b = torch.randn(rows, inner).to(dtype), torch.randn(inner, cols).to(dtype)
-    a @ b
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        a @ b
-        best = min(best, time.perf_counter() - start)
-    return 2 * rows * inner * cols / best / 1e9
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -31,10 +16,10 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     import torch
 
-    from speechtrain.common.auto_precision import MIN_SPEEDUP, bf16_speedup
+    from speechtrain.common.auto_precision import MIN_SPEEDUP, bf16_speedup, product_gflops
 
     torch.set_num_threads(1)
-    fp32, bf16 = gflops(torch.float32, args.repeats), gflops(torch.bfloat16, args.repeats)
+    fp32, bf16 = (product_gflops(dtype, args.repeats, products=1) for dtype in (torch.float32, torch.bfloat16))
     speedup = bf16_speedup()
     print("| fp32 GFLOP/s | bf16 GFLOP/s | bf16 speed-up (auto's timing) | auto chooses |")
     print("|---|---|---|---|")
