@@ -23,6 +23,7 @@ RTFx = audio seconds / wall seconds (model loading excluded).
 
 import argparse
 import csv
+import json
 import os
 import subprocess
 import sys
@@ -34,13 +35,15 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def train_speed(size: str | None, devices: int, steps: int, precision: str, recipe: str | None = None,
-                init_from: str | None = None, preload: str | None = None,
-                extra: tuple[str, ...] = ()) -> float:  # fmt: skip
+                init_from: str | None = None, preload: str | None = None, extra: tuple[str, ...] = (),
+                batch_duration: float = 60.0, last_interval: dict | None = None) -> float:  # fmt: skip
+    """Audio-s/s of one run (``batch_duration``: the global batch in seconds of audio); ``last_interval``, when
+    given, receives the run's last telemetry ``train_interval`` record."""
     with tempfile.TemporaryDirectory() as exp:
         overrides = [
             f"trainer.devices={devices}", f"trainer.max_steps={steps}", "trainer.max_time=null",
             f"trainer.precision={precision}", "+trainer.limit_val_batches=0", "trainer.enable_progress_bar=false",
-            f"model.train_ds.batch_duration={60 / devices}", f"exp_manager.exp_dir={exp}",
+            f"model.train_ds.batch_duration={batch_duration / devices}", f"exp_manager.exp_dir={exp}",
             "trainer.log_every_n_steps=1",
         ]  # fmt: skip
         if recipe:
@@ -64,6 +67,10 @@ def train_speed(size: str | None, devices: int, steps: int, precision: str, reci
         (metrics,) = Path(exp).glob("*/*/metrics.csv")
         with open(metrics) as handle:
             speeds = [float(row["audio_s_per_s"]) for row in csv.DictReader(handle) if row.get("audio_s_per_s")]
+        if last_interval is not None:
+            (telemetry,) = Path(exp).glob("*/*/telemetry.jsonl")
+            records = [json.loads(line) for line in telemetry.read_text().splitlines()]
+            last_interval.update([r for r in records if r["event"] == "train_interval"][-1])
         tail = speeds[len(speeds) // 2 :]
         return sum(tail) / len(tail)
 

@@ -49,8 +49,8 @@ def test_asr_training_and_validation_steps_make_every_tensor_on_a_device(tmp_pat
     assert recorder.calls == [], "\n".join(recorder.calls)
 
 
-@pytest.mark.parametrize("family", ["salm", "tts"])
-def test_salm_and_tts_steps_under_the_bridge_make_every_tensor_on_a_device(family, tmp_path, dtmf_manifest):
+def family_model(family: str, folder: Path, manifest: Path):
+    """A tiny SALM or codec TTS model on the DTMF corpus (also trained on a GPU by ``tests/gpu/family_job.py``)."""
     sys.path.insert(0, str(ROOT / "tests" / ("speechlm" if family == "salm" else "tts")))
     if family == "salm":
         from test_speechlm_model import TEXTS, tiny_salm_config
@@ -59,19 +59,24 @@ def test_salm_and_tts_steps_under_the_bridge_make_every_tensor_on_a_device(famil
         from speechtrain.speechlm.prompts import get_template
         from speechtrain.speechlm.tokenizer import train_bpe_tokenizer
 
-        train_bpe_tokenizer(TEXTS, 300, get_template("llama3").special_tokens).save(tmp_path)
-        model = SALMModel(tiny_salm_config(tmp_path / "tokenizer.json", dtmf_manifest))
-    else:
-        from test_tts_model import tiny_tts_config
+        train_bpe_tokenizer(TEXTS, 300, get_template("llama3").special_tokens).save(folder)
+        return SALMModel(tiny_salm_config(folder / "tokenizer.json", manifest))
+    from test_tts_model import tiny_tts_config
 
-        from speechtrain.tts.model import TTSModel
+    from speechtrain.tts.model import TTSModel
 
-        config = tiny_tts_config(text={"kind": "chars", "vocab": [" ", *"0123456789"]}, val_samples=1)
-        config["train_ds"] = {"manifest_filepath": str(dtmf_manifest), "batch_size": 4, "batch_duration": None}
-        config["validation_ds"] = {"manifest_filepath": str(dtmf_manifest), "batch_size": 4}
-        model = TTSModel(config)
-        model.codec.codebooks.copy_(torch.randn(model.codec.codebooks.shape))  # a codec "fitted" at random
-        model.codec.fitted.fill_(True)
+    config = tiny_tts_config(text={"kind": "chars", "vocab": [" ", *"0123456789"]}, val_samples=1)
+    config["train_ds"] = {"manifest_filepath": str(manifest), "batch_size": 4, "batch_duration": None}
+    config["validation_ds"] = {"manifest_filepath": str(manifest), "batch_size": 4}
+    model = TTSModel(config)
+    model.codec.codebooks.copy_(torch.randn(model.codec.codebooks.shape))  # a codec "fitted" at random
+    model.codec.fitted.fill_(True)
+    return model
+
+
+@pytest.mark.parametrize("family", ["salm", "tts"])
+def test_salm_and_tts_steps_under_the_bridge_make_every_tensor_on_a_device(family, tmp_path, dtmf_manifest):
+    model = family_model(family, tmp_path, dtmf_manifest)
     recorder = RecordDevicelessFactories()
     trainer = Trainer(accelerator="cpu", devices=1, strategy=MegatronStrategy(), max_steps=2, limit_val_batches=1,
                       val_check_interval=2, num_sanity_val_steps=0, use_distributed_sampler=False, logger=False,

@@ -14,10 +14,11 @@ What it records (one JSON object per line in ``<run folder>/telemetry.jsonl``; s
 - lifecycle events with wall-clock timestamps; every ``*_end`` carries the duration since its ``*_start``.
 - ``train_interval`` every ``log_every_n_steps`` optimizer steps: iteration time, samples, audio-seconds and
   tokens per second (all data-parallel ranks, estimated as rank 0's batches x the DP size), the padding share of
-  the batches, the measured global batch and mean input frames per sample, and model TFLOP/s and MFU when the
-  model states its FLOPs and the peak is known
-  (``SPEECHTRAIN_PEAK_TFLOPS``, or a table of GPUs). A model states its FLOPs with ``flops_per_batch(batch)``;
-  telemetry calls it once per interval with ``{"audio_lens": <every utterance of the interval>}``, so the count
+  the batches, the measured global batch and mean input frames per sample, model TFLOP/s and MFU when the model
+  states its FLOPs and the peak is known (``SPEECHTRAIN_PEAK_TFLOPS``, or a table of GPUs), and on a GPU the peak
+  memory PyTorch's allocator has held for tensors since the run started (``gpu_max_memory_gib``; a host-side
+  counter, no device sync). A model states its FLOPs with ``flops_per_batch(batch)``; telemetry calls it once per
+  interval with ``{"audio_lens": <every utterance of the interval>}``, so the count
   must be a sum over utterances (Conformer-CTC's is).
 
 The same interval figures go to the trainer's Lightning loggers (TensorBoard, CSV) under ``telemetry/``, and
@@ -681,4 +682,7 @@ class TelemetryCallback(BaseCallback):
             fields["model_tflops_per_s"] = round(achieved, 4)
             if self._peak:
                 fields["mfu"] = round(achieved / (self._peak * (self._config or {}).get("world_size", 1)), 5)
+        device = getattr(getattr(trainer, "strategy", None), "root_device", None)
+        if isinstance(device, torch.device) and device.type == "cuda":
+            fields["gpu_max_memory_gib"] = round(torch.cuda.max_memory_allocated(device) / 2**30, 3)
         self.record("train_interval", **fields)

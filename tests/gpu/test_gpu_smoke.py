@@ -1,9 +1,14 @@
 """GPU smoke suite (``make gpu-check``): the bridge on CUDA with NCCL, skipped without CUDA.
 
-Each test launches real processes (one GPU each) with the same jobs the CPU suite runs on gloo: DP=2 and TP=2
-parity with the CPU reference, bf16-mixed and 16-mixed training of the demo ASR model, an empty batch and a
+Each test launches real processes (one GPU each) with the same jobs the CPU suite runs on gloo: parity with the CPU
+reference (DP, the distributed optimizer, TP=2), bf16-mixed and 16-mixed training of the demo ASR models (CTC and
+hybrid TDT-CTC) and of a tiny SALM and codec TTS model with no tensor made off the GPU, an empty batch and a
 text-only SALM batch on one rank, the distributed optimizer with a kill and resume, and a preemption signal.
-Under 5 minutes on one 8-GPU node; tests that need two GPUs skip on a single-GPU machine.
+
+Data parallelism runs on ``min(2, GPUs)`` processes: on a one-GPU machine the same jobs run as one NCCL rank (NCCL
+refuses two ranks on one device), which still takes every CUDA path of the engine (Megatron's DDP buffers, its
+optimizer, clipping and loss scaling on CUDA tensors); the TP=2 and uneven-batch tests need two GPUs and skip.
+The tests are independent processes: ``pytest -n 4`` (pytest-xdist) runs them side by side on one GPU.
 """
 
 import json
@@ -21,6 +26,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 LIGHTNING = ROOT / "tests" / "lightning"
 GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
+DP = min(GPUS, 2)  # data-parallel processes of the DP tests
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(GPUS == 0, reason="no CUDA device")]
 two_gpus = pytest.mark.skipif(GPUS < 2, reason="needs 2 GPUs")
 
@@ -32,7 +38,8 @@ def _free_port() -> int:
 
 
 def _env() -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "4", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"}
+    path = os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])  # (packages carried there)
+    return {**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": "4", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"}
 
 
 def _torchrun(nproc: int, script: Path, *args: str, timeout: int = 240) -> subprocess.CompletedProcess:
@@ -55,22 +62,22 @@ def cpu_reference(tmp_path_factory):
     return _losses(out)
 
 
-@two_gpus
 @pytest.mark.parametrize(
     "layout",
-    [["--devices", "2"], ["--devices", "2", "--tp", "2"], ["--devices", "2", "--distributed-optimizer"]],
-    ids=["dp2", "tp2", "distopt"],
+    [[], ["--distributed-optimizer"], pytest.param(["--tp", "2"], marks=two_gpus)],
+    ids=["dp", "distopt", "tp2"],
 )
 def test_toy_transformer_on_gpus_matches_the_cpu_reference(layout, cpu_reference, tmp_path):
-    result = _torchrun(2, LIGHTNING / "parallel_job.py", "--accelerator", "gpu", "--out", str(tmp_path), *layout)
+    nproc = 2 if "--tp" in layout else DP
+    result = _torchrun(nproc, LIGHTNING / "parallel_job.py", "--accelerator", "gpu", "--devices", str(nproc),
+                       "--out", str(tmp_path), *layout)  # fmt: skip
     assert result.returncode == 0, result.stderr[-4000:]
     torch.testing.assert_close(torch.tensor(_losses(tmp_path)), torch.tensor(cpu_reference), rtol=1e-4, atol=0)
 
 
-@two_gpus
 @pytest.mark.parametrize("precision", ["bf16-mixed", "16-mixed"])
 def test_mixed_precision_on_gpus_stays_close_to_fp32(precision, cpu_reference, tmp_path):
-    result = _torchrun(2, LIGHTNING / "parallel_job.py", "--accelerator", "gpu", "--devices", "2", "--precision",
+    result = _torchrun(DP, LIGHTNING / "parallel_job.py", "--accelerator", "gpu", "--devices", str(DP), "--precision",
                        precision, "--out", str(tmp_path))  # fmt: skip
     assert result.returncode == 0, result.stderr[-4000:]
     torch.testing.assert_close(torch.tensor(_losses(tmp_path)), torch.tensor(cpu_reference), rtol=5e-2, atol=0)
@@ -87,33 +94,33 @@ def test_uneven_batches_under_nccl_finish_with_the_reference_gradients(case, tmp
     assert report["max_difference"] < 1e-4, report
 
 
-@two_gpus
 def test_distributed_optimizer_killed_and_resumed_on_gpus_equals_the_uninterrupted_run(tmp_path):
-    common = ["--accelerator", "gpu", "--devices", "2", "--distributed-optimizer", "--global-batch", "16",
+    common = ["--accelerator", "gpu", "--devices", str(DP), "--distributed-optimizer", "--global-batch", "16",
               "--steps", "6"]  # fmt: skip
-    straight = _torchrun(2, LIGHTNING / "parallel_job.py", *common, "--out", str(tmp_path / "straight"))
+    straight = _torchrun(DP, LIGHTNING / "parallel_job.py", *common, "--out", str(tmp_path / "straight"))
     assert straight.returncode == 0, straight.stderr[-4000:]
     ckpt = tmp_path / "ckpt"
-    killed = _torchrun(2, LIGHTNING / "parallel_job.py", *common, "--ckpt-dir", str(ckpt), "--save-every", "4",
+    killed = _torchrun(DP, LIGHTNING / "parallel_job.py", *common, "--ckpt-dir", str(ckpt), "--save-every", "4",
                        "--kill-at", "4", "--out", str(tmp_path / "killed"))  # fmt: skip
     assert killed.returncode != 0
-    resumed = _torchrun(2, LIGHTNING / "parallel_job.py", *common, "--resume", str(ckpt / "step=4.ckpt"),
+    resumed = _torchrun(DP, LIGHTNING / "parallel_job.py", *common, "--resume", str(ckpt / "step=4.ckpt"),
                         "--out", str(tmp_path / "resumed"))  # fmt: skip
     assert resumed.returncode == 0, resumed.stderr[-4000:]
     assert _losses(tmp_path / "resumed") == _losses(tmp_path / "straight")[4:]
 
 
-def _asr_command(tmp_path: Path, manifest: Path, devices: int, *extra: str) -> list[str]:
+def _asr_command(tmp_path: Path, manifest: Path, devices: int, *extra: str, recipe: str = "asr_train") -> list[str]:
     from speechtrain.asr.tokenizers import CharTokenizer
 
     tokenizer = tmp_path / "digits.json"
     CharTokenizer([" ", *"0123456789"]).save(tokenizer)
-    return [sys.executable, str(ROOT / "examples" / "asr_train.py"), f"trainer.devices={devices}",
-            "trainer.accelerator=gpu", "trainer.max_time=null", "trainer.max_steps=20", "trainer.limit_val_batches=2",
-            "trainer.enable_progress_bar=false", f"exp_manager.exp_dir={tmp_path / 'exp'}",
-            f"model.train_ds.manifest_filepath={manifest}", f"model.validation_ds.manifest_filepath={manifest}",
-            f"model.tokenizer.path={tokenizer}", "model.decoding.strategy=greedy",
-            "model.train_ds.batch_duration=null", "model.train_ds.batch_size=16",
+    return [sys.executable, str(ROOT / "examples" / "asr_train.py"), "--config-name", recipe,
+            f"trainer.devices={devices}", "trainer.accelerator=gpu", "trainer.max_time=null",
+            "trainer.max_steps=20", "trainer.limit_val_batches=2", "trainer.enable_progress_bar=false",
+            f"exp_manager.exp_dir={tmp_path / 'exp'}",
+            f"model.train_ds.manifest_filepath={manifest}", "model.train_ds.input_cfg=null",
+            f"model.validation_ds.manifest_filepath={manifest}", f"model.tokenizer.path={tokenizer}",
+            "model.decoding.strategy=greedy", "model.train_ds.batch_duration=null", "model.train_ds.batch_size=16",
             *extra]  # fmt: skip
 
 
@@ -124,19 +131,39 @@ def dtmf(tmp_path_factory):
     return make_dtmf_corpus(tmp_path_factory.mktemp("dtmf"), 128, seed=7)
 
 
-@two_gpus
+@pytest.mark.parametrize("recipe", ["asr_train", "asr_train_hybrid"], ids=["ctc", "hybrid-tdt-ctc"])
 @pytest.mark.parametrize("precision", ["bf16-mixed", "16-mixed"])
-def test_demo_asr_model_trains_20_steps_at_dp2_in_mixed_precision(precision, dtmf, tmp_path):
-    result = subprocess.run(_asr_command(tmp_path, dtmf, 2, f"trainer.precision={precision}"), env=_env(),
-                            capture_output=True, text=True, timeout=300, check=False)  # fmt: skip
+def test_demo_asr_models_train_20_steps_in_mixed_precision(recipe, precision, dtmf, tmp_path):
+    command = _asr_command(tmp_path, dtmf, DP, f"trainer.precision={precision}", recipe=recipe)
+    result = subprocess.run(command, env=_env(), capture_output=True, text=True, timeout=300, check=False)
     assert result.returncode == 0, result.stderr[-4000:]
     assert "Final:" in result.stdout
+    (telemetry,) = (tmp_path / "exp").rglob("telemetry.jsonl")
+    intervals = [r for r in map(json.loads, telemetry.read_text().splitlines()) if r["event"] == "train_interval"]
+    assert intervals and all(r["gpu_max_memory_gib"] > 0 for r in intervals), intervals
+
+
+@pytest.mark.parametrize("family", ["salm", "tts"])
+@pytest.mark.parametrize("precision", ["bf16-mixed", "16-mixed"])
+def test_salm_and_tts_train_on_a_gpu_with_every_tensor_on_it(family, precision, tmp_path):
+    out = tmp_path / "result.json"
+    command = [sys.executable, str(ROOT / "tests" / "gpu" / "family_job.py"), "--family", family, "--precision",
+               precision, "--out", str(out)]  # fmt: skip
+    result = subprocess.run(command, env=_env(), capture_output=True, text=True, timeout=240, check=False)
+    assert result.returncode == 0, result.stderr[-4000:]
+    report = json.loads(out.read_text())
+    assert report["steps"] == 4 and report["finite"] and report["device"].startswith("cuda"), report
+    assert report["deviceless"] == [], report["deviceless"]
 
 
 def test_preemption_signal_on_a_gpu_saves_and_exits_75(dtmf, tmp_path):
-    command = _asr_command(tmp_path, dtmf, 1, "trainer.max_steps=100000")
+    command = _asr_command(tmp_path, dtmf, 1, "trainer.max_steps=100000", "trainer.log_every_n_steps=5")
     process = subprocess.Popen(command, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    time.sleep(60)  # start-up and some steps
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline and process.poll() is None:  # until some training steps are done
+        if any("train_interval" in p.read_text() for p in (tmp_path / "exp").rglob("telemetry.jsonl")):
+            break
+        time.sleep(2)
     process.send_signal(signal.SIGUSR1)
     _, stderr = process.communicate(timeout=120)
     assert process.returncode == 75, stderr[-4000:]
