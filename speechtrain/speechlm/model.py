@@ -360,8 +360,8 @@ class SALMModel(SpeechModel):
             stats = parallel_state.all_reduce(stats, parallel_state.tensor_parallel_group())
         rms = float((stats[0] / stats[1]).sqrt())
         proj = self.perception.proj
-        with seeded(self._init_seed + 60_001), torch.no_grad():
-            torch.nn.init.normal_(proj.weight, std=rms / math.sqrt(proj.in_features))
+        with seeded(self._init_seed + 60_001), torch.no_grad():  # drawn on the CPU: the same on any device
+            proj.weight.copy_(torch.randn(proj.weight.shape, device="cpu") * (rms / math.sqrt(proj.in_features)))
             proj.bias.zero_()
 
     def train(self, mode: bool = True) -> "SALMModel":

@@ -6,8 +6,6 @@ depend only on the seed, never on the parallel layout: each part is drawn from i
 pipeline stage that builds only layers 2 and 3 gets the same weights as a single process building all four.
 """
 
-import contextlib
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,14 +16,7 @@ from speechtrain.core.model import SpeechModel
 from speechtrain.core.optim import OptimConfig
 from speechtrain.lightning import parallel_state
 from speechtrain.nn import TransformerBlock
-
-
-@contextlib.contextmanager
-def seeded(seed: int) -> Iterator[None]:
-    """Draw from a fresh CPU stream seeded with ``seed``, leaving the global stream untouched."""
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        yield
+from speechtrain.nn.init import seeded
 
 
 @dataclass

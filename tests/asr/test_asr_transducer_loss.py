@@ -111,3 +111,16 @@ def test_fp32_batched_equals_per_utterance_and_padding_is_inert():
         torch.testing.assert_close(grads[0][b : b + 1, :t, : u + 1], g[0], atol=1e-5, rtol=0)
         torch.testing.assert_close(grads[1][b : b + 1, :t, : u + 1], g[1], atol=1e-5, rtol=0)
         assert grads[0][b, t:].abs().sum() == 0 and grads[0][b, :, u + 1 :].abs().sum() == 0
+
+
+def test_an_utterance_with_no_alignment_gets_zero_finite_gradients_and_leaves_the_others_alone():
+    logits, dur_logits, targets, frame_lens, label_lens = _random_case(3, num_d=2)
+    frame_lens, label_lens = torch.tensor([5, 2, 4]), torch.tensor([3, 3, 2])  # [1, 2]: 3 labels need 4 frames
+    blank, label = _gathered(logits, targets)
+    losses = tdt_loss(blank, label, dur_logits.log_softmax(-1), [1, 2], frame_lens, label_lens)
+    assert not feasible(frame_lens, label_lens, [1, 2])[1] and losses[1] > 1e29
+    grads = torch.autograd.grad(torch.where(torch.tensor([True, False, True]), losses, 0.0).sum(), [logits])[0]
+    assert torch.isfinite(grads).all() and grads[1].abs().sum() == 0
+    alone = tdt_loss(blank[::2], label[::2], dur_logits.log_softmax(-1)[::2], [1, 2], frame_lens[::2],
+                     label_lens[::2])  # fmt: skip
+    torch.testing.assert_close(losses[::2], alone, atol=1e-9, rtol=0)
