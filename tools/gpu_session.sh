@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The GPU checks of one session on a GPU machine, in one go: versions and the device, the GPU smoke suite (tests/gpu,
+# The GPU checks of one session on a GPU machine, in one go (pytest -v: each test's result is in the log as it ends,
+# even when the time limit stops the suite): versions and the device, the GPU smoke suite (tests/gpu,
 # its tests side by side on the GPU(s) with pytest-xdist), then the GPU throughput benchmark alone on the machine
 # (benchmarks/gpu_speed.py). Logs go to $OUT (default gpu_out/). Needs torch with CUDA and the project's
 # dependencies importable (PYTHONPATH may point at packages installed elsewhere); the repository root is added here.
@@ -22,7 +23,7 @@ PY
 parallel=$("$PY" -c "import xdist" 2>/dev/null && echo "-n ${WORKERS:-6}")
 start=$(date +%s)
 # shellcheck disable=SC2086
-timeout "${SMOKE_S:-240}" "$PY" -m pytest -q tests/gpu -rs --tb=short -p no:cacheprovider $parallel \
+timeout "${SMOKE_S:-240}" "$PY" -m pytest -v tests/gpu -rs --tb=short -p no:cacheprovider $parallel \
     --junitxml="$OUT/smoke.xml" 2>&1 | tee "$OUT/smoke.log"
 echo "smoke suite: $(( $(date +%s) - start )) s" | tee -a "$OUT/smoke.log"
 start=$(date +%s)
