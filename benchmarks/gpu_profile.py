@@ -94,6 +94,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--rows", type=int, default=25)
     parser.add_argument("--files", type=int, default=200)
+    parser.add_argument("--num-workers", type=int, default=4, help="data loader workers")
     parser.add_argument("--accelerator", default="gpu")
     parser.add_argument("overrides", nargs="*", help="more config overrides (key=value)")
     args = parser.parse_args(argv)
@@ -107,7 +108,7 @@ def main(argv: list[str] | None = None) -> None:
                     f"exp_manager.exp_dir={folder}/exp", f"model.train_ds.batch_duration={args.batch_duration}",
                     f"model.train_ds.manifest_filepath={manifest}", "model.train_ds.input_cfg=null",
                     f"model.validation_ds.manifest_filepath={manifest}", f"model.tokenizer.path={tokenizer}",
-                    "model.decoding.strategy=greedy", "model.train_ds.num_workers=4",
+                    "model.decoding.strategy=greedy", f"model.train_ds.num_workers={args.num_workers}",
                     *args.overrides]  # fmt: skip
         CallbackGroup.get_instance().register(StepProfiler(args.warmup, args.steps, args.rows))
         spec = importlib.util.spec_from_file_location("asr_train_example", EXAMPLES / "asr_train.py")
