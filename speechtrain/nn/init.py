@@ -6,18 +6,28 @@ from collections.abc import Iterator
 import torch
 
 
+def _building_on_meta() -> bool:
+    """Whether the caller's device context is the meta device (shapes only, nothing drawn)."""
+    try:
+        return torch.get_default_device().type == "meta"
+    except Exception:  # an accelerator context on a machine without one (it makes a tensor to read the index)
+        return False
+
+
 @contextlib.contextmanager
 def seeded(seed: int) -> Iterator[None]:
     """Build layers on the CPU and draw their initial weights from a fresh CPU stream seeded with ``seed``, leaving
     every global stream (CPU and CUDA) untouched.
 
-    The layers are made on the CPU whatever device the caller's context names: Lightning builds ``configure_model``
-    under the GPU's device context, where ``torch.nn.Linear(...)`` would draw from the GPU's generator (other
-    numbers than the CPU's for the same seed) and ``torch.manual_seed`` would re-seed the GPU's global stream (the
-    dropout and SpecAugment draws). Here the same seed gives the same weights on a laptop's CPU and on any GPU, and
-    the strategy moves the model to its device afterwards. Initialise an existing (GPU) tensor inside from values
-    drawn on the CPU (``tensor.copy_(torch.randn(..., device="cpu"))``), not in place.
+    The layers are made on the CPU whatever accelerator the caller's device context names: Lightning builds
+    ``configure_model`` under the GPU's context, where ``torch.nn.Linear(...)`` would draw from the GPU's generator
+    (other numbers than the CPU's for the same seed) and ``torch.manual_seed`` would re-seed the GPU's global stream
+    (dropout, SpecAugment). Here the same seed gives the same weights on a laptop's CPU and on any GPU, and the
+    strategy moves the model to its device afterwards. Under the meta device (shapes only) layers stay there.
+    Initialise an existing (GPU) tensor inside from values drawn on the CPU (``tensor.copy_(torch.randn(...,
+    device="cpu"))``), not in place.
     """
-    with torch.random.fork_rng(devices=[]), torch.device("cpu"):
+    device = torch.device("meta" if _building_on_meta() else "cpu")
+    with torch.random.fork_rng(devices=[]), device:
         torch.random.default_generator.manual_seed(seed)
         yield
