@@ -20,7 +20,7 @@ import torch
 from torch.autograd import DeviceType
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_speed import speed_corpus  # noqa: E402
+from gpu_speed import speed_data  # noqa: E402
 
 from speechtrain.lightning import BaseCallback, CallbackGroup  # noqa: E402
 
@@ -99,16 +99,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("overrides", nargs="*", help="more config overrides (key=value)")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as folder:
-        manifest, tokenizer = speed_corpus(Path(folder), args.files)
-        sys.argv = [str(EXAMPLES / "asr_train.py"), "--config-name", args.recipe,
-                    f"trainer.accelerator={args.accelerator}", "trainer.devices=1",
-                    f"trainer.precision={args.precision}",
-                    f"trainer.max_steps={args.warmup + args.steps + 1}", "trainer.max_time=null",
-                    "+trainer.limit_val_batches=0", "trainer.enable_progress_bar=false",
+        data = speed_data(Path(folder), args.files, args.accelerator, args.num_workers)
+        sys.argv = [str(EXAMPLES / "asr_train.py"), "--config-name", args.recipe, *data, "trainer.devices=1",
+                    f"trainer.precision={args.precision}", f"trainer.max_steps={args.warmup + args.steps + 1}",
+                    "trainer.max_time=null", "+trainer.limit_val_batches=0", "trainer.enable_progress_bar=false",
                     f"exp_manager.exp_dir={folder}/exp", f"model.train_ds.batch_duration={args.batch_duration}",
-                    f"model.train_ds.manifest_filepath={manifest}", "model.train_ds.input_cfg=null",
-                    f"model.validation_ds.manifest_filepath={manifest}", f"model.tokenizer.path={tokenizer}",
-                    "model.decoding.strategy=greedy", f"model.train_ds.num_workers={args.num_workers}",
                     *args.overrides]  # fmt: skip
         CallbackGroup.get_instance().register(StepProfiler(args.warmup, args.steps, args.rows))
         spec = importlib.util.spec_from_file_location("asr_train_example", EXAMPLES / "asr_train.py")

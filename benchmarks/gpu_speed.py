@@ -25,8 +25,9 @@ from asr_train_speed import train_speed  # noqa: E402
 from long_audio import corpus, write_manifest  # noqa: E402
 
 
-def speed_corpus(folder: Path, files: int, seed: int = 0) -> tuple[Path, Path]:
-    """``files`` DTMF files of 2-10 s (uniform) and a character tokenizer; returns (manifest, tokenizer)."""
+def speed_data(folder: Path, files: int, accelerator: str, num_workers: int, seed: int = 0) -> tuple[str, ...]:
+    """``files`` DTMF files of 2-10 s (uniform) and a character tokenizer written to ``folder``, and the
+    ``examples/asr_train.py`` overrides that train on them with greedy decoding on ``accelerator``."""
     from speechtrain.asr.tokenizers import CharTokenizer
 
     lengths = np.random.default_rng(seed).uniform(2.0, 10.0, size=files).tolist()
@@ -34,7 +35,10 @@ def speed_corpus(folder: Path, files: int, seed: int = 0) -> tuple[Path, Path]:
     manifest = write_manifest(corpus(folder, pieces, seed, lengths), folder / "manifest.json")
     tokenizer = folder / "chars.json"
     CharTokenizer([" ", *"0123456789"]).save(tokenizer)
-    return manifest, tokenizer
+    return (f"model.train_ds.manifest_filepath={manifest}", "model.train_ds.input_cfg=null",
+            f"model.validation_ds.manifest_filepath={manifest}", f"model.tokenizer.path={tokenizer}",
+            f"trainer.accelerator={accelerator}", f"model.train_ds.num_workers={num_workers}",
+            "model.decoding.strategy=greedy")  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -48,11 +52,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--accelerator", default="gpu")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as folder:
-        manifest, tokenizer = speed_corpus(Path(folder), args.files)
-        data = (f"model.train_ds.manifest_filepath={manifest}", "model.train_ds.input_cfg=null",
-                f"model.validation_ds.manifest_filepath={manifest}", f"model.tokenizer.path={tokenizer}",
-                f"trainer.accelerator={args.accelerator}", f"model.train_ds.num_workers={args.num_workers}",
-                "model.decoding.strategy=greedy")  # fmt: skip
+        data = speed_data(Path(folder), args.files, args.accelerator, args.num_workers)
         print("| recipe | precision | global batch (s of audio) | training audio-s/s | step (ms) | peak GPU GiB |")
         print("|---|---|---|---|---|---|")
         for recipe in args.recipes:

@@ -95,13 +95,14 @@ def _masked_skewed_terms(blank_terms, label_terms, frame_lens, label_lens, durat
 
     t = t_index[None, :, :, None]  # (1, N, U+1, 1)
     u = u_index[None, None, :, None]
-    d = torch.tensor(durations, device=device)[None, None, None, :]  # (1, 1, 1, D)
+    # The frame each move lands on, from the Python durations (no host-to-device copy of them in the step).
+    land = torch.stack([t_index + d for d in durations], dim=-1)[None]  # (1, N, U+1, D)
+    advances = land > t  # d >= 1
     t_end, u_end = frame_lens[:, None, None, None], label_lens[:, None, None, None]
     cell = (t >= 0) & (t < t_end) & (u <= u_end)
-    land = t + d
-    blank_ok = cell & (d >= 1) & (land < t_end)
+    blank_ok = cell & advances & (land < t_end)
     label_ok = cell & (u < u_end) & (land < t_end)
-    end_ok = cell & (d >= 1) & (u == u_end) & (land == t_end)
+    end_ok = cell & advances & (u == u_end) & (land == t_end)
     return (torch.where(blank_ok, skewed_blank, NEG), torch.where(label_ok, skewed_label, NEG),
             torch.where(end_ok, skewed_blank, NEG))  # fmt: skip
 
@@ -110,8 +111,7 @@ def _offset_terms(terms: torch.Tensor, durations: tuple[int, ...], extra: int, i
     """(N, J, B, U+1): for the offsets j = 1 .. max(d) + ``extra`` (descending if ``incoming``), the terms of the
     moves of duration ``j - extra`` (NEG where there is none; a blank of duration 0 is none). ``incoming``: the term
     of the move that lands on cell (n, u) from diagonal n - j (and from u - 1 for a label, ``extra`` = 1: read there,
-    in the forward pass); else the term of the move
-    that leaves diagonal n (in the backward pass)."""
+    in the forward pass); else the term of the move that leaves diagonal n (in the backward pass)."""
     batch, diagonals, labels1, _ = terms.shape
     top = max(durations) + extra
     pieces = []

@@ -24,8 +24,7 @@ def seeded(seed: int) -> Iterator[None]:
     (other numbers than the CPU's for the same seed) and ``torch.manual_seed`` would re-seed the GPU's global stream
     (dropout, SpecAugment). Here the same seed gives the same weights on a laptop's CPU and on any GPU, and the
     strategy moves the model to its device afterwards. Under the meta device (shapes only) layers stay there.
-    Initialise an existing (GPU) tensor inside from values drawn on the CPU (``tensor.copy_(torch.randn(...,
-    device="cpu"))``), not in place.
+    An existing (GPU) tensor is initialised inside by copying in values drawn on the CPU, not in place.
     """
     device = torch.device("meta" if _building_on_meta() else "cpu")
     with torch.random.fork_rng(devices=[]), device:
