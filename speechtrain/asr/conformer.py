@@ -278,6 +278,15 @@ def _depthwise_over_time(conv: torch.nn.Conv1d, x: torch.Tensor, mask: torch.Ten
     and oneDNN's channels-last depthwise kernel (~20x faster than Conv1d's on CPU). Returns (B, D, T')."""
     x = (x * mask[:, :, None]).unsqueeze(2).permute(0, 3, 1, 2)  # (B, T, 1, D) -> (B, D, T, 1)
     weight, stride, padding = conv.weight.unsqueeze(-1), (conv.stride[0], 1), (conv.padding[0], 0)
+    if stride[0] > 1 and x.device.type == "cpu" and torch.is_autocast_enabled("cpu"):
+        # oneDNN's bf16 backward of a *strided* depthwise convolution takes a slow path: 15 ms against fp32's 0.6 ms
+        # for the demo's time reduction (13 x 144 x 57 frames, one thread, torch 2.11; the stride-1 ones run equally
+        # fast in both), 5% of the demo's CPU training step. This one runs in fp32 (a few thousand multiply-adds per
+        # frame: nothing for autocast to save).
+        with torch.autocast("cpu", enabled=False):
+            x, weight = x.float(), weight.float()
+            bias = None if conv.bias is None else conv.bias.float()
+            return F.conv2d(x, weight, bias, stride=stride, padding=padding, groups=x.shape[1]).squeeze(-1)
     return F.conv2d(x, weight, conv.bias, stride=stride, padding=padding, groups=x.shape[1]).squeeze(-1)
 
 

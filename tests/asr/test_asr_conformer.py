@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from speechtrain.asr.conformer import ConformerConfig, ConformerEncoder, MaskedBatchNorm1d
+from speechtrain.asr.conformer import ConformerConfig, ConformerEncoder, MaskedBatchNorm1d, _depthwise_over_time
 from speechtrain.asr.spec_augment import SpecAugment, SpecAugmentConfig
 
 JOB = Path(__file__).with_name("conformer_tp_job.py")
@@ -75,6 +75,26 @@ def test_temporal_unet_halves_the_middle_layers_frames_and_keeps_the_output_rate
     for bad in ((2, 2), (3, 5), (-1, 2)):
         with pytest.raises(ValueError, match="time_reduce_idx"):
             _encoder("striding", 4, unet=bad, layers=4)
+
+
+def test_time_reduction_runs_in_fp32_under_cpu_bf16_autocast():
+    """The stride-2 depthwise convolution of the time reduction stays fp32 under CPU bf16 autocast (oneDNN's bf16
+    backward of it takes a slow path): its output and its gradients equal the fp32 module's, not bf16's rounding."""
+    from speechtrain.asr.conformer import TimeReduction
+
+    torch.manual_seed(0)
+    module = TimeReduction(16)
+    x = torch.randn(3, 11, 16)
+    mask = torch.arange(11)[None, :] < torch.tensor([11, 7, 4])[:, None]
+    reference = module.depthwise(x.transpose(1, 2) * mask[:, None])  # plain Conv1d, fp32
+    x_auto = x.clone().requires_grad_()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = _depthwise_over_time(module.depthwise, x_auto, mask)
+    assert out.dtype == torch.float32 and torch.allclose(out, reference, atol=1e-6)
+    out.square().sum().backward()
+    x_ref = x.clone().requires_grad_()
+    module.depthwise(x_ref.transpose(1, 2) * mask[:, None]).square().sum().backward()
+    assert torch.allclose(x_auto.grad, x_ref.grad, atol=1e-5)
 
 
 def test_masked_batch_norm_uses_valid_frames_only():
