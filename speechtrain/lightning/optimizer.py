@@ -52,9 +52,12 @@ class MegatronOptimizer(torch.optim.Optimizer):
         momentum: float = 0.9,
         clip_grad: float = 0.0,
         precision: str = "32-true",
+        loss_scaling: dict[str, float] | None = None,
     ) -> "MegatronOptimizer":
         """The optimizer named ``name`` (``adamw``, ``adam`` or ``sgd``: checked by
-        :func:`speechtrain.core.optim.build_optimizer`) over ``engine``'s model chunk."""
+        :func:`speechtrain.core.optim.build_optimizer`) over ``engine``'s model chunk. ``loss_scaling``: the fp16
+        loss scaler's ``initial_loss_scale``, ``min_loss_scale``, ``loss_scale_window`` and ``hysteresis`` (Megatron's
+        ``OptimizerConfig`` names; unset ones keep Megatron's defaults, which are NeMo's: 2^32, 1, 1000, 2)."""
         from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
         config = OptimizerConfig(
@@ -71,7 +74,8 @@ class MegatronOptimizer(torch.optim.Optimizer):
             params_dtype=torch.bfloat16 if precision == "bf16-true" else torch.float32,
             use_distributed_optimizer=engine.use_distributed_optimizer,
             clip_grad=clip_grad,
-        )  # fp16 loss scaling keeps Megatron's defaults, which are NeMo's: 2^32, min 1, window 1000, hysteresis 2
+            **(loss_scaling or {}),
+        )
         with cuda_tensor_types():
             mcore = get_megatron_optimizer(config, [engine.ddp])
         if len(getattr(mcore, "chained_optimizers", ())) == 1:  # a chain of one (no expert parameters here)

@@ -96,3 +96,28 @@ def test_each_precision_trains_each_family_or_is_refused(family, precision, tmp_
     trainer.fit(model)
     assert trainer.global_step == 3 and len(losses.losses) == 3
     assert all(torch.isfinite(torch.tensor(losses.losses))), losses.losses
+
+
+def test_fp16_loss_scaler_settings_reach_megatrons_scaler(tmp_path, dtmf_manifest):
+    """``trainer.strategy.fp16_initial_loss_scale`` (and the other three) set Megatron's dynamic loss scaler: a run
+    started at 2^4 with a window of 2 clean steps doubles its scale after its second step; bad values are refused
+    when the strategy is built, naming the keys."""
+
+    class Scales(BaseCallback):
+        def __init__(self) -> None:
+            self.scales: list[float] = []
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            self.scales.append(float(trainer.optimizers[0].mcore.grad_scaler.scale))
+
+    model, scales = _asr(tmp_path, dtmf_manifest), Scales()
+    strategy = MegatronStrategy(fp16_initial_loss_scale=2.0**4, fp16_loss_scale_window=2, fp16_hysteresis=1)
+    trainer = Trainer(accelerator="cpu", devices=1, strategy=strategy, precision="16-mixed", max_steps=3,
+                      limit_val_batches=0, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                      enable_model_summary=False, use_distributed_sampler=False, callbacks=[scales])  # fmt: skip
+    trainer.fit(model)
+    assert scales.scales == [16.0, 32.0, 32.0]
+    assert trainer.optimizers[0].mcore.grad_scaler.hysteresis == 1
+    for bad in ({"fp16_min_loss_scale": 0.0}, {"fp16_initial_loss_scale": 0.5}, {"fp16_hysteresis": 0}):
+        with pytest.raises(ValueError, match="fp16_min_loss_scale <= fp16_initial_loss_scale"):
+            MegatronStrategy(**bad)
