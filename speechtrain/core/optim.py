@@ -67,10 +67,6 @@ def _weight_decay_groups(params: list[torch.nn.Parameter], weight_decay: float) 
             if g["params"]]  # fmt: skip
 
 
-# The fp16 loss scaler's settings, read from the strategy's ``fp16_<name>`` (Megatron's OptimizerConfig names).
-LOSS_SCALING = ("initial_loss_scale", "min_loss_scale", "loss_scale_window", "hysteresis")
-
-
 def build_optimizer(params: list[torch.nn.Parameter], cfg: OptimConfig) -> torch.optim.Optimizer:
     """The optimizer named by ``cfg.name`` over ``params``.
 
@@ -90,10 +86,8 @@ def build_optimizer(params: list[torch.nn.Parameter], cfg: OptimConfig) -> torch
                 f"({len(trainable)}), but {len(params)} were given: freeze parameters with requires_grad=False "
                 "before training starts instead of leaving them out of the optimizer."
             )
-        trainer = getattr(engine.module, "_trainer", None)
-        precision = trainer.strategy.precision_plugin.precision if trainer is not None else "32-true"
-        strategy = trainer.strategy if trainer is not None else None
-        scaling = {key: getattr(strategy, f"fp16_{key}") for key in LOSS_SCALING if hasattr(strategy, f"fp16_{key}")}
+        strategy = getattr(getattr(engine.module, "_trainer", None), "strategy", None)
+        precision = strategy.precision_plugin.precision if strategy is not None else "32-true"
         return MegatronOptimizer.build(
             engine,
             name=cfg.name,
@@ -102,7 +96,7 @@ def build_optimizer(params: list[torch.nn.Parameter], cfg: OptimConfig) -> torch
             weight_decay=cfg.weight_decay,
             momentum=cfg.momentum,
             precision=precision,
-            loss_scaling=scaling,
+            loss_scaling=getattr(strategy, "loss_scaling", None),
         )
     groups = _weight_decay_groups(params, cfg.weight_decay)
     if cfg.name == "sgd":

@@ -97,6 +97,12 @@ class MegatronStrategy(DDPStrategy):
         self.megatron_parallel: MegatronParallel | None = None
         self._window_open = False  # an accumulation window has started and not yet stepped
 
+    @property
+    def loss_scaling(self) -> dict[str, float]:
+        """The fp16 loss scaler's settings under Megatron's ``OptimizerConfig`` names (read by the optimizer)."""
+        return {"initial_loss_scale": self.fp16_initial_loss_scale, "min_loss_scale": self.fp16_min_loss_scale,
+                "loss_scale_window": self.fp16_loss_scale_window, "hysteresis": self.fp16_hysteresis}  # fmt: skip
+
     # ------------------------------------------------------------------------------------------ process setup
     def _check_layout(self) -> None:
         tp, pp = self.tensor_model_parallel_size, self.pipeline_model_parallel_size

@@ -7,7 +7,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from speechtrain.asr.conformer import ConformerConfig, ConformerEncoder, MaskedBatchNorm1d, _depthwise_over_time
+from speechtrain.asr.conformer import (
+    ConformerConfig,
+    ConformerEncoder,
+    MaskedBatchNorm1d,
+    TimeReduction,
+    _depthwise_over_time,
+)
 from speechtrain.asr.spec_augment import SpecAugment, SpecAugmentConfig
 
 JOB = Path(__file__).with_name("conformer_tp_job.py")
@@ -80,8 +86,6 @@ def test_temporal_unet_halves_the_middle_layers_frames_and_keeps_the_output_rate
 def test_time_reduction_runs_in_fp32_under_cpu_bf16_autocast():
     """The stride-2 depthwise convolution of the time reduction stays fp32 under CPU bf16 autocast (oneDNN's bf16
     backward of it takes a slow path): its output and its gradients equal the fp32 module's, not bf16's rounding."""
-    from speechtrain.asr.conformer import TimeReduction
-
     torch.manual_seed(0)
     module = TimeReduction(16)
     x = torch.randn(3, 11, 16)
