@@ -6,7 +6,9 @@
 Prints, per step: the wall time, the time spent waiting for the data loader, the device's busy time (the sum of its
 kernels' times), the number of operators dispatched and of kernels launched; then the operators by self CPU time and
 by device time. A step whose wall time is far above its device time is bound by the host (Python and operator
-dispatch), not by the GPU. The data are ``benchmarks/gpu_speed.py``'s generated 2-10 s files.
+dispatch), not by the GPU. The data are ``benchmarks/gpu_speed.py``'s generated 2-10 s files. ``--shapes`` records
+each operator's input shapes and lists the operators per shape (which matrix product, which convolution): the
+per-operator milliseconds in the README's step-time rows come from it.
 """
 
 import argparse
@@ -30,9 +32,9 @@ EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 class StepProfiler(BaseCallback):
     """Profiles optimizer steps ``warmup + 1 .. warmup + steps`` and prints the report when they are done."""
 
-    def __init__(self, warmup: int, steps: int, rows: int) -> None:
+    def __init__(self, warmup: int, steps: int, rows: int, shapes: bool = False) -> None:
         super().__init__()
-        self.warmup, self.steps, self.rows = warmup, steps, rows
+        self.warmup, self.steps, self.rows, self.shapes = warmup, steps, rows, shapes
         self.profile: torch.profiler.profile | None = None
         self.walls: list[float] = []
         self.waits: list[float] = []
@@ -51,7 +53,7 @@ class StepProfiler(BaseCallback):
             activities = [torch.profiler.ProfilerActivity.CPU]
             if pl_module.device.type == "cuda":
                 activities.append(torch.profiler.ProfilerActivity.CUDA)
-            self.profile = torch.profiler.profile(activities=activities)
+            self.profile = torch.profiler.profile(activities=activities, record_shapes=self.shapes)
             self.profile.__enter__()
             now = time.perf_counter()
         elif self._end is not None:
@@ -69,7 +71,7 @@ class StepProfiler(BaseCallback):
             self.report()
 
     def report(self) -> None:
-        events = self.profile.key_averages()
+        events = self.profile.key_averages(group_by_input_shape=self.shapes)
         steps = len(self.walls)
         device = [e for e in events if e.device_type == DeviceType.CUDA]
         busy = sum(e.self_device_time_total for e in device) / 1e3 / steps
@@ -96,6 +98,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--files", type=int, default=200)
     parser.add_argument("--num-workers", type=int, default=4, help="data loader workers")
     parser.add_argument("--accelerator", default="gpu")
+    parser.add_argument("--shapes", action="store_true", help="list the operators per input shape")
     parser.add_argument("overrides", nargs="*", help="more config overrides (key=value)")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as folder:
@@ -105,7 +108,7 @@ def main(argv: list[str] | None = None) -> None:
                     "trainer.max_time=null", "+trainer.limit_val_batches=0", "trainer.enable_progress_bar=false",
                     f"exp_manager.exp_dir={folder}/exp", f"model.train_ds.batch_duration={args.batch_duration}",
                     *args.overrides]  # fmt: skip
-        CallbackGroup.get_instance().register(StepProfiler(args.warmup, args.steps, args.rows))
+        CallbackGroup.get_instance().register(StepProfiler(args.warmup, args.steps, args.rows, args.shapes))
         spec = importlib.util.spec_from_file_location("asr_train_example", EXAMPLES / "asr_train.py")
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
