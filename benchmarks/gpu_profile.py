@@ -7,8 +7,8 @@ Prints, per step: the wall time, the time spent waiting for the data loader, the
 kernels' times), the number of operators dispatched and of kernels launched; then the operators by self CPU time and
 by device time. A step whose wall time is far above its device time is bound by the host (Python and operator
 dispatch), not by the GPU. The data are ``benchmarks/gpu_speed.py``'s generated 2-10 s files. ``--shapes`` records
-each operator's input shapes and lists the operators per shape (which matrix product, which convolution): the
-per-operator milliseconds in the README's step-time rows come from it.
+each operator's input shapes and lists the operators per shape (which matrix product, which convolution), what the
+README's earlier per-operator step times needed an ad-hoc script for.
 """
 
 import argparse
