@@ -5,10 +5,14 @@ training transcripts, how many reference words were not recognised (substituted 
     python benchmarks/asr_rare_words.py --model speechtrain_experiments/asr_demo/<run>/asr_demo.stm \
         [--audio builtin:speech/test] [--train builtin:speech/train builtin:speech/train_extra] [--examples 10]
 
-This is what chose the demo's 64-piece tokenizer: the errors left were words heard rarely in training.
+This is what chose the demo's 64-piece tokenizer: the errors left were words heard rarely in training. It also
+prints how many hypothesis words are no word of the training transcripts (a misspelling, or a word cut in two), and
+the greedy WER if each of them were replaced by the closest training word (``difflib``): how much of the greedy WER
+a lexicon could at most take back, against the real-word confusions that only better hearing fixes.
 """
 
 import argparse
+import difflib
 import os
 from collections import Counter
 
@@ -39,6 +43,28 @@ def bucket_of(count: int) -> str:
         if high is None or count <= high:
             return f"{low}+" if high is None else (f"{low}" if low == high else f"{low}-{high}")
     raise AssertionError
+
+
+def non_words(refs: list[str], hyps: list[str], heard: Counter) -> tuple[int, int, float, float]:
+    """(hypothesis words, of them not in ``heard``, greedy WER, WER with each such word replaced by its closest word
+    in ``heard``)."""
+    from speechtrain.common.metrics import error_rate, word_errors
+
+    vocabulary = list(heard)
+    closest: dict[str, str] = {}
+
+    def fix(word: str) -> str:
+        if word in heard:
+            return word
+        if word not in closest:
+            match = difflib.get_close_matches(word, vocabulary, n=1, cutoff=0.0)
+            closest[word] = match[0] if match else word
+        return closest[word]
+
+    words = [w for h in hyps for w in h.split()]
+    fixed = [" ".join(fix(w) for w in h.split()) for h in hyps]
+    return (len(words), sum(w not in heard for w in words), error_rate(*word_errors(hyps, refs)),
+            error_rate(*word_errors(fixed, refs)))  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -76,6 +102,9 @@ def main(argv: list[str] | None = None) -> None:
         name = bucket_of(low)
         if words[name]:
             print(f"| {name} | {words[name]} | {missed[name] / words[name]:.1%} |")
+    total, unknown, wer, wer_fixed = non_words([r["text"] for r in records], hyps, heard)
+    print(f"\nhypothesis words not in the training transcripts: {unknown} of {total} ({unknown / max(1, total):.1%}); "
+          f"greedy WER {wer:.2%}, {wer_fixed:.2%} with each replaced by the closest training word")  # fmt: skip
     for record, hyp in list(zip(records, hyps))[: args.examples]:
         print(f"\nREF: {record['text']}\nHYP: {hyp}")
 

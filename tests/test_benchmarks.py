@@ -3,6 +3,7 @@ tiny version of themselves here (seconds each)."""
 
 import importlib.util
 import sys
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -101,3 +102,11 @@ def test_rare_words_alignment_marks_substituted_and_deleted_reference_words():
     assert missed_words("please pay the rent".split(), "please the rent".split()) == [False, True, False, False]
     assert missed_words("a b".split(), "a x b".split()) == [False, False], "an insertion misses no reference word"
     assert [bucket_of(c) for c in (0, 4, 5, 99, 100, 1000)] == ["0", "1-4", "5-19", "20-99", "100-999", "1000+"]
+    non_words = main.__globals__["non_words"]
+    heard = Counter("the cafe in zaragoza is near the market".split())
+    total, unknown, wer, fixed = non_words(["the cafe in zaragoza", "near the market"],
+                                           ["the kafe in zaragosa", "near the cafe"], heard)  # fmt: skip
+    assert (total, unknown) == (7, 2)
+    assert wer == pytest.approx(3 / 7) and fixed == pytest.approx(1 / 7), (
+        "the two misspellings fixed, the real-word error not"
+    )
