@@ -50,20 +50,12 @@ def non_words(refs: list[str], hyps: list[str], heard: Counter) -> tuple[int, in
     in ``heard``)."""
     from speechtrain.common.metrics import error_rate, word_errors
 
-    vocabulary = list(heard)
-    closest: dict[str, str] = {}
-
-    def fix(word: str) -> str:
-        if word in heard:
-            return word
-        if word not in closest:
-            match = difflib.get_close_matches(word, vocabulary, n=1, cutoff=0.0)
-            closest[word] = match[0] if match else word
-        return closest[word]
-
     words = [w for h in hyps for w in h.split()]
-    fixed = [" ".join(fix(w) for w in h.split()) for h in hyps]
-    return (len(words), sum(w not in heard for w in words), error_rate(*word_errors(hyps, refs)),
+    vocabulary = list(heard)
+    closest = {w: (difflib.get_close_matches(w, vocabulary, n=1, cutoff=0.0) or [w])[0]
+               for w in set(words) if w not in heard}  # fmt: skip
+    fixed = [" ".join(closest.get(w, w) for w in h.split()) for h in hyps]
+    return (len(words), sum(w in closest for w in words), error_rate(*word_errors(hyps, refs)),
             error_rate(*word_errors(fixed, refs)))  # fmt: skip
 
 
