@@ -280,3 +280,70 @@ def test_the_corpus_command_builds_named_builtin_manifests(monkeypatch, capsys, 
     assert asked == ["builtin:speech/train", "builtin:speech/train_extra"]
     out = capsys.readouterr().out
     assert f"builtin:speech/train_extra: {tmp_path / 'm.json'}" in out and "ready in" in out
+
+
+def _conv_graph(extra_op: str | None = None):
+    """A tiny ONNX graph: x -> /pre/Relu -> /dec/: Conv, LeakyRelu, ConvTranspose (x2), Add, Div, Tanh -> y."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    weights = {"c.w": rng.normal(size=(6, 4, 3)), "c.b": rng.normal(size=6), "u.w": rng.normal(size=(6, 3, 4)),
+               "u.b": rng.normal(size=3), "k": np.array(2.0)}  # fmt: skip
+    dec = [
+        helper.make_node("Conv", ["h", "c.w", "c.b"], ["a"], "/dec/c", kernel_shape=[3], pads=[2, 2], dilations=[2]),
+        helper.make_node("LeakyRelu", ["a"], ["b"], "/dec/l", alpha=0.1),
+        helper.make_node(
+            "ConvTranspose", ["b", "u.w", "u.b"], ["d"], "/dec/u", kernel_shape=[4], pads=[1, 1], strides=[2]
+        ),  # fmt: skip
+        helper.make_node("Add", ["d", "d"], ["e"], "/dec/add"),
+        helper.make_node("Div", ["e", "k"], ["f"], "/dec/div"),
+        helper.make_node(extra_op or "Tanh", ["f"], ["y"], "/dec/t"),
+    ]
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["h"], "/pre/r"), *dec], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, None])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(v.astype(np.float32), k) for k, v in weights.items()],
+    )  # fmt: skip
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 15)])
+
+
+def test_the_torch_conv_tail_computes_what_onnx_runtime_does_and_cuts_its_padding():
+    import onnxruntime
+    import torch
+
+    from speechtrain.data.speech_corpus import _ConvTail
+
+    model = _conv_graph()
+    session = onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    tail = _ConvTail(model, "/dec/", dtype=torch.float32)
+    assert tail.input == "h" and tail.output == "y"
+    x = np.abs(np.random.default_rng(1).normal(size=(1, 4, 37)).astype(np.float32))  # Relu(x) = x
+    (expected,) = session.run(None, {"x": x})
+    got = tail(x)  # padded to 64 frames inside, cut back to 37 x 2 samples
+    assert got.shape == expected.shape == (1, 3, 74)
+    np.testing.assert_allclose(got[..., :-4], expected[..., :-4], atol=1e-5)  # the padding reaches the last frames
+    x = x[..., :32]  # a whole bucket: no padding, the same numbers throughout
+    np.testing.assert_allclose(tail(x), session.run(None, {"x": x})[0], atol=1e-5)
+    assert np.abs(_ConvTail(model, "/dec/")(x) - tail(x)).max() < 0.05  # bf16
+
+
+def test_a_conv_tail_with_an_operator_it_cannot_run_is_refused_by_name():
+    from speechtrain.data.speech_corpus import _ConvTail
+
+    with pytest.raises(ValueError, match="Sigmoid"):
+        _ConvTail(_conv_graph("Sigmoid"), "/dec/")
+    with pytest.raises(ValueError, match="0 nodes"):
+        _ConvTail(_conv_graph(), "/nothing/")
+
+
+def test_piper_with_its_decoder_in_bf16_reads_as_onnx_runtime_does():
+    from speechtrain.data.speech_corpus import Utterance, _Piper
+
+    u = Utterance(id="u", split="train", text="seven ducks swam in the river", voice="joe", rate=160, pitch=50,
+                  engine="piper", warp=1.0, noise=0.6)  # fmt: skip
+    reference, rate = _Piper(bf16=False).synthesize(u)
+    audio, bf16_rate = _Piper(bf16=True).synthesize(u)
+    assert bf16_rate == rate and audio.shape == reference.shape
+    snr = 10 * np.log10((reference**2).sum() / ((reference - audio) ** 2).sum())
+    assert snr > 30  # benchmarks/piper_speed.py: ~39 dB
