@@ -60,8 +60,6 @@ from pathlib import Path
 
 import numpy as np
 import soundfile as sf
-import torch
-import torch.nn.functional as F
 
 from speechtrain.data.sentences import SentenceGenerator, split_of
 
@@ -382,9 +380,12 @@ class _ConvTail:
     BUCKET_FRAMES = 32
     OPS = ("Conv", "ConvTranspose", "LeakyRelu", "Add", "Div", "Tanh")
 
-    def __init__(self, graph, prefix: str, dtype: torch.dtype = torch.bfloat16) -> None:
+    def __init__(self, graph, prefix: str, dtype=None) -> None:  # dtype: a torch dtype, bfloat16 if None
         import onnx
+        import torch
         from onnx import numpy_helper
+
+        dtype = torch.bfloat16 if dtype is None else dtype
 
         nodes = [n for n in graph.graph.node if n.name.startswith(prefix)]
         unknown = sorted({n.op_type for n in nodes} - set(self.OPS))
@@ -407,10 +408,15 @@ class _ConvTail:
             self.program.append((n.op_type, list(n.input), n.output[0], a))
 
     @staticmethod
-    def _2d(x: torch.Tensor) -> torch.Tensor:  # (N, C, T) -> (N, C, 1, T), channels-last
+    def _2d(x):  # a (N, C, T) tensor -> (N, C, 1, T), channels-last
+        import torch
+
         return x.unsqueeze(2).contiguous(memory_format=torch.channels_last)
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
+        import torch
+        import torch.nn.functional as F
+
         frames = x.shape[-1]
         padded = -(-frames // self.BUCKET_FRAMES) * self.BUCKET_FRAMES
         values = dict(self.constants)
@@ -526,6 +532,8 @@ _worker: dict[str, object] = {}
 
 
 def _init_worker(piper_bf16: bool = False) -> None:
+    import torch
+
     torch.set_num_threads(1)
     _worker["piper_bf16"] = piper_bf16
 
@@ -552,6 +560,7 @@ def piper_bf16() -> bool:
 
 def _render(job: tuple[Utterance, str]) -> tuple[str, int]:
     """Synthesise, resample to 16 kHz and write one utterance; returns (id, samples)."""
+    import torch
     import torchaudio.transforms
 
     utterance, path = job
