@@ -58,6 +58,22 @@ def test_the_measurement_is_real_and_quick():
     assert math.isfinite(speedup) and speedup > 0
 
 
+def test_the_two_dtypes_take_turns_and_the_best_timing_of_each_counts(monkeypatch):
+    """A burst of work from another process in the middle of the timing must not land on one dtype only: the
+    timings alternate, and each dtype's best one counts (here a 10x slow-down hits two of the fp32 timings)."""
+    import torch
+
+    order, fp32_calls = [], iter([10.0, 1.0, 10.0])
+
+    def fake_seconds(a, b, products):
+        order.append(a.dtype)
+        return next(fp32_calls) if a.dtype == torch.float32 else 0.5
+
+    monkeypatch.setattr(auto_precision, "_seconds", fake_seconds)
+    assert bf16_speedup(repeats=3, products=1) == 2.0
+    assert order == [torch.float32, torch.bfloat16] * 3
+
+
 def test_a_rank_started_from_this_process_inherits_the_choice(clean_env):
     """Lightning starts the other data-parallel ranks as child processes with this environment: they must not
     time the CPU again (a second timing could disagree)."""
