@@ -208,11 +208,16 @@ def fit_and_report(trainer: Any, model: "CTCModel", log_dir: Any, start: float) 
     trainer.fit(model)
     exit_if_preempted(trainer)
     results = trainer.validate(model, verbose=False) if model.val_dataloader() else []
-    sets = [(name, Path(resolve_manifest(cfg.manifest_filepath))) for name, cfg in model._validation_sets()
-            if isinstance(cfg.manifest_filepath, str)]  # fmt: skip
-    # The report's per-engine greedy WER runs the model, shared out over the data-parallel replicas: every rank
-    # takes part (global rank 0 alone would wait for its tensor-parallel peers forever).
-    breakdowns = greedy_breakdowns(model, sets) if results else None
+    indexed = [(index, name, Path(resolve_manifest(cfg.manifest_filepath)))
+               for index, (name, cfg) in enumerate(model._validation_sets())
+               if isinstance(cfg.manifest_filepath, str)]  # fmt: skip
+    sets = [(name, path) for _, name, path in indexed]
+    # The report's per-engine greedy WER reads the closing validation's greedy transcripts, gathered over the
+    # data-parallel replicas (or decodes a set again, shared out over them, where they lack an utterance): every
+    # rank takes part (global rank 0 alone would wait for its tensor-parallel peers forever).
+    closing = model.closing_greedy
+    decoded = None if closing is None else [closing.get(index, {}) for index, _, _ in indexed]
+    breakdowns = greedy_breakdowns(model, sets, decoded) if results else None
     if trainer.is_global_zero:
         metrics = {k: v for r in results for k, v in r.items()}
         shown = ", ".join(
@@ -299,6 +304,7 @@ class CTCModel(SpeechModel):
         self.text_normalizer = TextNormalizer(OmegaConf.to_container(cfg.wer) if cfg.get("wer") else None)
         self._normalization_logged = False
         self._val_strategy = "greedy"
+        self.closing_greedy: dict[int, dict[str, str]] | None = None
         # The base of every weight's initialisation stream: drawn once from the seeded global stream, so it is
         # the same on every rank and the same for every parallel layout.
         self._init_seed = int(torch.randint(0, 2**30, ()).item())
@@ -445,6 +451,9 @@ class CTCModel(SpeechModel):
         trainer = self._trainer
         fitting = trainer is not None and trainer.state.fn == "fit"
         self._val_strategy = "greedy" if fitting else self.cfg.decoding.strategy
+        # A closing validation keeps its greedy transcripts ({validation set index: {cut id: text}}, this rank's
+        # share): the report's per-engine breakdown reads them instead of decoding every set again.
+        self.closing_greedy = None if fitting else {}
         if not self._normalization_logged:
             logger.info(
                 "WER/CER are counted on transcripts normalised as: %s (model.wer)", self.text_normalizer.describe()
@@ -459,7 +468,10 @@ class CTCModel(SpeechModel):
             return
         log_probs, lengths = self(batch["audio"], batch["audio_lens"])
         norm = self.text_normalizer
-        greedy = [norm(t) for t in self.greedy_decode(log_probs, lengths)]
+        raw = self.greedy_decode(log_probs, lengths)
+        if self.closing_greedy is not None and batch.get("ids") is not None:
+            self.closing_greedy.setdefault(dataloader_idx, {}).update(zip(batch["ids"], raw, strict=True))
+        greedy = [norm(t) for t in raw]
         hyps = greedy
         if self._val_strategy != "greedy":
             hyps = [norm(t) for t in self.decode(log_probs, lengths, self._val_strategy)]

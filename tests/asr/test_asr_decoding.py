@@ -7,6 +7,7 @@ import torch
 from speechtrain.asr.ctc import ConformerCTCModel, ensure_lm
 from speechtrain.asr.decoding import BeamSearchDecoder, DecodingConfig, arpa_words, greedy_decode, spell
 from speechtrain.asr.ngram import NgramLM, main
+from speechtrain.asr.report import validation_transcripts
 from speechtrain.asr.transcribe import parse_args
 from speechtrain.common.config import ConfigError
 from speechtrain.common.metrics import word_error_rate
@@ -182,6 +183,10 @@ def test_a_fitted_lm_travels_in_the_archive_and_validate_reports_both_decodings(
     hyps = restored.transcribe([str(dtmf_manifest.parent / r["audio_filepath"]) for r in rows])
     assert beam["val_wer"] == pytest.approx(word_error_rate(hyps, refs))
     assert not math.isnan(beam["val_cer"])
+    # The closing report's per-engine breakdown reads validate's greedy transcripts, each found by its cut ID.
+    greedy_texts = restored.transcribe([str(dtmf_manifest.parent / r["audio_filepath"]) for r in rows],
+                                       strategy="greedy")  # fmt: skip
+    assert validation_transcripts(rows, [restored.closing_greedy[0]]) == greedy_texts
 
 
 def test_decoding_options_are_checked():

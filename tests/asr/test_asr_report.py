@@ -89,13 +89,30 @@ def _breakdown_rank(rank, folder, port):  # one of two gloo ranks, no Megatron s
         model = _EchoModel(_breakdown_manifest_texts(folder))
         result = greedy_breakdowns(model, [("test", folder / "m.json"), ("none", folder / "missing.json")])
         broken = greedy_breakdowns(_EchoModel(model.texts), [("broken", folder / "broken.json")])
+        # The closing validation's transcripts, this rank's half of them: gathered, nothing is decoded again.
+        reused = greedy_breakdowns(_NoDecoding(), [("test", folder / "m.json")], [_validation_share(model, rank, 2)])
         (folder / f"rank{rank}.json").write_text(json.dumps({"result": result, "decoded": model.decoded,
-                                                             "broken": broken}))  # fmt: skip
+                                                             "broken": broken, "reused": reused}))  # fmt: skip
         # Neither rank tears gloo down while the other may still be sending (a SIGABRT in teardown, seen once in CI
         # on a loaded machine).
         torch.distributed.barrier()
     finally:
         torch.distributed.destroy_process_group()
+
+
+class _NoDecoding:
+    def text_normalizer(self, text):
+        return text.lower()
+
+    def transcribe(self, paths, batch_size, strategy):
+        raise AssertionError("decoded again")
+
+
+def _validation_share(model, rank, size):
+    """What a closing validation leaves one of ``size`` ranks: {cut id: greedy text} of every size-th utterance,
+    the cut IDs as a NeMo manifest's lines get them (``<stem>-<tag>-<line>``), the texts as ``model`` hears them."""
+    texts = _EchoModel(model.texts).transcribe([f"{i}.wav" for i in range(23)], 16, "greedy")
+    return {f"{i}-0123abcd-{i}": texts[i] for i in range(rank, 23, size)}
 
 
 def _breakdown_manifest_texts(folder):
@@ -126,6 +143,27 @@ def test_greedy_breakdowns_share_the_decoding_over_data_parallel_ranks_and_agree
         assert seen["broken"] == {"broken": {}}
         assert {k: {g: tuple(v) for g, v in b.items()} for k, b in seen["result"].items()} == expected
         assert sorted(seen["decoded"]) == list(range(rank, 23, 2))
+        assert {k: {g: tuple(v) for g, v in b.items()} for k, b in seen["reused"].items()} == expected
     # longest first within each share (fewer padded frames per batch)
     durations = [1.0 + (i * 7) % 5 for i in ranks[0]["decoded"]]
     assert durations == sorted(durations, reverse=True)
+
+
+def test_the_breakdown_reads_the_closing_validations_transcripts_and_decodes_only_where_one_is_missing(tmp_path):
+    from speechtrain.asr.report import greedy_breakdowns, validation_transcripts
+
+    texts = _breakdown_manifest(tmp_path)
+    expected = greedy_breakdowns(_EchoModel(texts), [("test", tmp_path / "m.json")])
+    share = _validation_share(_EchoModel(texts), 0, 1)
+    assert greedy_breakdowns(_NoDecoding(), [("test", tmp_path / "m.json")], [share]) == expected
+    records = [json.loads(line) for line in (tmp_path / "m.json").read_text().splitlines()]
+    assert validation_transcripts(records, [share]) == [share[f"{i}-0123abcd-{i}"] for i in range(23)]
+    # One utterance missing (skipped in validation), seen twice, another file's, or an ID of another form: decoded.
+    missing = dict(list(share.items())[1:])
+    assert validation_transcripts(records, [missing]) is None
+    assert validation_transcripts(records, [share, {"5-0123abcd-5": "x"}]) is None
+    assert validation_transcripts(records, [{**missing, "other-0123abcd-0": "x"}]) is None
+    assert validation_transcripts(records, [{**missing, "0": "x"}]) is None
+    echo = _EchoModel(texts)
+    assert greedy_breakdowns(echo, [("test", tmp_path / "m.json")], [missing]) == expected
+    assert sorted(echo.decoded) == list(range(23))
