@@ -164,6 +164,7 @@ def test_the_breakdown_reads_the_closing_validations_transcripts_and_decodes_onl
     assert validation_transcripts(records, [share, {"5-0123abcd-5": "x"}]) is None
     assert validation_transcripts(records, [{**missing, "other-0123abcd-0": "x"}]) is None
     assert validation_transcripts(records, [{**missing, "0": "x"}]) is None
+    assert validation_transcripts(records, [{**missing, "0-0123abcd-\u00b2": "x"}]) is None  # a superscript two
     echo = _EchoModel(texts)
     assert greedy_breakdowns(echo, [("test", tmp_path / "m.json")], [missing]) == expected
     assert sorted(echo.decoded) == list(range(23))
