@@ -68,21 +68,17 @@ def greedy_transcripts(model: Any, records: list[dict], batch_size: int = 16) ->
     return hyps
 
 
-def validation_transcripts(records: list[dict], shares: list[dict[str, str]]) -> list[str] | None:
-    """The greedy transcripts of a NeMo manifest's ``records``, in their order, from a validation's ({cut id: text},
-    one dict per data-parallel replica), or None unless the shares hold every record exactly once. The cut IDs of a
-    manifest's lines are ``<audio file stem>-<manifest tag>-<line index>``
-    (:class:`~speechtrain.data.nemo_adapters.LazyNeMoManifest`)."""
-    hyps: list[str | None] = [None] * len(records)
-    for share in shares:
-        for cut_id, text in share.items():
-            line = cut_id.rpartition("-")[2]
-            if not (line.isascii() and line.isdigit()) or int(line) >= len(records) or hyps[int(line)] is not None:
-                return None
-            if not cut_id.startswith(Path(str(records[int(line)]["audio_filepath"])).stem + "-"):
-                return None
-            hyps[int(line)] = text
-    return None if any(h is None for h in hyps) else hyps
+def validation_transcripts(path: Path, records: list[dict], shares: list[dict[str, str]]) -> list[str] | None:
+    """The greedy transcripts of the NeMo manifest ``path``'s ``records``, in their order, from a validation's
+    ({cut id: text}, one dict per data-parallel replica; the IDs :func:`~speechtrain.data.nemo_adapters.
+    manifest_cut_ids` gives its lines), or None unless the shares hold every record's ID and nothing else, once."""
+    from speechtrain.data.nemo_adapters import manifest_cut_ids
+
+    merged = {cut_id: text for share in shares for cut_id, text in share.items()}
+    ids = manifest_cut_ids(path, records)
+    if sum(len(share) for share in shares) != len(ids) or merged.keys() != set(ids):
+        return None
+    return [merged[cut_id] for cut_id in ids]
 
 
 def greedy_breakdowns(
@@ -125,7 +121,7 @@ def greedy_breakdowns(
                 torch.distributed.all_gather_object(
                     shares, decoded[position], group=parallel_state.data_parallel_group()
                 )
-            hyps = validation_transcripts(records, shares)  # the same shares, so the same answer, on every rank
+            hyps = validation_transcripts(path, records, shares)  # the same shares, so the same answer, on every rank
             if hyps is not None:
                 out[name] = greedy_by_group(model, records, hyps)
                 continue

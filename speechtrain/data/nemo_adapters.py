@@ -46,6 +46,16 @@ def _source_tag(path: str | os.PathLike) -> str:
     return f"{zlib.crc32(str(Path(path).resolve()).encode()):08x}"
 
 
+def manifest_cut_ids(path: str | os.PathLike, records: list[dict[str, Any]]) -> list[str]:
+    """The cut ID of each line of the NeMo manifest at ``path`` (:class:`LazyNeMoManifest`'s)."""
+    tag = _source_tag(path)
+    return [_cut_id(record, tag, index) for index, record in enumerate(records)]
+
+
+def _cut_id(record: dict[str, Any], tag: str, index: int) -> str:
+    return f"{Path(record['audio_filepath']).stem}-{tag}-{index}"
+
+
 def cut_from_record(record: dict[str, Any], cut_id: str, sample_rate: int, recording: Recording | None = None) -> Any:
     """A lhotse ``MonoCut`` for one NeMo manifest record (metadata only unless ``recording`` holds the audio).
 
@@ -91,7 +101,7 @@ class LazyNeMoManifest(Dillable):
     def __iter__(self) -> Iterator[Any]:
         tag = _source_tag(self.path)
         for index, record in enumerate(iter_nemo_manifest(self.path)):
-            yield cut_from_record(record, f"{Path(record['audio_filepath']).stem}-{tag}-{index}", self.sample_rate)
+            yield cut_from_record(record, _cut_id(record, tag, index), self.sample_rate)
 
     def __len__(self) -> int:
         return sum(1 for _ in iter_nemo_manifest(self.path))
@@ -212,7 +222,7 @@ class LazyNeMoTarredIterator(Dillable):
     def _cut(self, shard: int, index: int, record: dict[str, Any], path: str, recording: Recording | None) -> Any:
         if path not in self._tags:
             self._tags[path] = _source_tag(path)
-        cut_id = f"{Path(record['audio_filepath']).stem}-{self._tags[path]}-{index}"
+        cut_id = _cut_id(record, self._tags[path], index)
         if recording is None:
             # Metadata only: a placeholder recording long enough for the segment (never read).
             end = record["offset"] + record["duration"]

@@ -186,7 +186,7 @@ def test_a_fitted_lm_travels_in_the_archive_and_validate_reports_both_decodings(
     # The closing report's per-engine breakdown reads validate's greedy transcripts, each found by its cut ID.
     greedy_texts = restored.transcribe([str(dtmf_manifest.parent / r["audio_filepath"]) for r in rows],
                                        strategy="greedy")  # fmt: skip
-    assert validation_transcripts(rows, [restored.closing_greedy[0]]) == greedy_texts
+    assert validation_transcripts(dtmf_manifest, rows, [restored.closing_greedy[0]]) == greedy_texts
 
 
 def test_decoding_options_are_checked():

@@ -90,7 +90,9 @@ def _breakdown_rank(rank, folder, port):  # one of two gloo ranks, no Megatron s
         result = greedy_breakdowns(model, [("test", folder / "m.json"), ("none", folder / "missing.json")])
         broken = greedy_breakdowns(_EchoModel(model.texts), [("broken", folder / "broken.json")])
         # The closing validation's transcripts, this rank's half of them: gathered, nothing is decoded again.
-        reused = greedy_breakdowns(_NoDecoding(), [("test", folder / "m.json")], [_validation_share(model, rank, 2)])
+        reused = greedy_breakdowns(
+            _NoDecoding(), [("test", folder / "m.json")], [_validation_share(model, rank, 2, folder)]
+        )
         (folder / f"rank{rank}.json").write_text(json.dumps({"result": result, "decoded": model.decoded,
                                                              "broken": broken, "reused": reused}))  # fmt: skip
         # Neither rank tears gloo down while the other may still be sending (a SIGABRT in teardown, seen once in CI
@@ -108,11 +110,15 @@ class _NoDecoding:
         raise AssertionError("decoded again")
 
 
-def _validation_share(model, rank, size):
-    """What a closing validation leaves one of ``size`` ranks: {cut id: greedy text} of every size-th utterance,
-    the cut IDs as a NeMo manifest's lines get them (``<stem>-<tag>-<line>``), the texts as ``model`` hears them."""
+def _validation_share(model, rank, size, folder):
+    """What a closing validation leaves one of ``size`` ranks: {cut id: greedy text} of every size-th utterance of
+    ``folder``'s m.json, the cut IDs as the manifest's lines get them, the texts as ``model`` hears them."""
+    from speechtrain.data.nemo_adapters import manifest_cut_ids
+
+    records = [json.loads(line) for line in (folder / "m.json").read_text().splitlines()]
+    ids = manifest_cut_ids(folder / "m.json", records)
     texts = _EchoModel(model.texts).transcribe([f"{i}.wav" for i in range(23)], 16, "greedy")
-    return {f"{i}-0123abcd-{i}": texts[i] for i in range(rank, 23, size)}
+    return {ids[i]: texts[i] for i in range(rank, 23, size)}
 
 
 def _breakdown_manifest_texts(folder):
@@ -154,17 +160,20 @@ def test_the_breakdown_reads_the_closing_validations_transcripts_and_decodes_onl
 
     texts = _breakdown_manifest(tmp_path)
     expected = greedy_breakdowns(_EchoModel(texts), [("test", tmp_path / "m.json")])
-    share = _validation_share(_EchoModel(texts), 0, 1)
+    share = _validation_share(_EchoModel(texts), 0, 1, tmp_path)
     assert greedy_breakdowns(_NoDecoding(), [("test", tmp_path / "m.json")], [share]) == expected
     records = [json.loads(line) for line in (tmp_path / "m.json").read_text().splitlines()]
-    assert validation_transcripts(records, [share]) == [share[f"{i}-0123abcd-{i}"] for i in range(23)]
+    ids = list(share)
+    m = tmp_path / "m.json"
+    assert validation_transcripts(m, records, [share]) == [share[ids[i]] for i in range(23)]
     # One utterance missing (skipped in validation), seen twice, another file's, or an ID of another form: decoded.
     missing = dict(list(share.items())[1:])
-    assert validation_transcripts(records, [missing]) is None
-    assert validation_transcripts(records, [share, {"5-0123abcd-5": "x"}]) is None
-    assert validation_transcripts(records, [{**missing, "other-0123abcd-0": "x"}]) is None
-    assert validation_transcripts(records, [{**missing, "0": "x"}]) is None
-    assert validation_transcripts(records, [{**missing, "0-0123abcd-\u00b2": "x"}]) is None  # a superscript two
+    tag_and_line = ids[0].split("-", 1)[1]
+    assert validation_transcripts(m, records, [missing]) is None
+    assert validation_transcripts(m, records, [share, {ids[5]: "x"}]) is None
+    assert validation_transcripts(m, records, [{**missing, f"other-{tag_and_line}": "x"}]) is None
+    assert validation_transcripts(m, records, [{**missing, "0": "x"}]) is None
+    assert validation_transcripts(m, records, [{**missing, ids[0][:-1] + "\u00b2": "x"}]) is None  # a superscript two
     echo = _EchoModel(texts)
     assert greedy_breakdowns(echo, [("test", tmp_path / "m.json")], [missing]) == expected
     assert sorted(echo.decoded) == list(range(23))
