@@ -269,14 +269,20 @@ class _Hyp:
 
 
 class TransducerBeamSearch:
-    """Beam search for RNN-T and TDT, one utterance at a time, with optional shallow fusion of a word n-gram LM.
+    """Beam search for RNN-T and TDT, with optional shallow fusion of a word n-gram LM.
 
-    Hypotheses live at their own frames. Each round expands the hypotheses on the earliest frame: the blank with
-    each duration (RNN-T: one frame), and the ``beam_size`` best labels with each duration (RNN-T: none); the
-    expansions and the waiting hypotheses are merged (same labels on the same frame: the best is kept) and the
-    ``beam_size`` best stay. With an LM (:class:`LexiconLM`), each label adds ``lm_weight`` times its change of
-    the LM score (look-ahead within a word, the word's probability when it closes) and each word ``word_score``;
-    labels that spell no LM word are not followed.
+    Each utterance keeps its own beam. Its hypotheses live at their own frames; each round expands the hypotheses on
+    the earliest frame: the blank with each duration (RNN-T: one frame), and the ``beam_size`` best labels with each
+    duration (RNN-T: none); the expansions and the waiting hypotheses are merged (same labels on the same frame: the
+    best is kept) and the ``beam_size`` best stay. With an LM (:class:`LexiconLM`), each label adds ``lm_weight``
+    times its change of the LM score (look-ahead within a word, the word's probability when it closes) and each
+    word ``word_score``; labels that spell no LM word are not followed.
+
+    The utterances of a batch are searched together: each utterance's search is a generator that asks for its
+    round's joint evaluation and prediction-network step, and :meth:`__call__` runs every utterance's requests of a
+    round as one batched call (one joint, one ``log_softmax``, one ``topk``, one host transfer, one LSTM step),
+    instead of a few dozen small calls per utterance per round. Each utterance's search is the one it would be
+    alone; only the scoring is shared.
 
     Args:
         prediction, joint: the model's networks.
@@ -298,27 +304,95 @@ class TransducerBeamSearch:
     @torch.no_grad()
     def __call__(self, enc: torch.Tensor, lengths: torch.Tensor) -> list[list[int]]:
         """Best label sequence of each utterance: enc (B, T, D), lengths (B,)."""
-        return [self._search(self.joint.enc_proj(enc[b, : int(lengths[b])])) for b in range(enc.shape[0])]
+        batch, device = enc.shape[0], enc.device
+        if batch == 0:
+            return []
+        enc_proj = self.joint.enc_proj(enc)  # (B, T, J)
+        out, state = self.prediction.step(torch.full((batch,), self.blank, dtype=torch.long, device=device), None)
+        start = self.joint.pred_proj(out)
+        searches = {
+            b: self._search(enc_proj[b, :length], start[b], tuple(s[:, b : b + 1] for s in state))
+            for b, length in enumerate(lengths.tolist())
+        }
+        results: list[list[int]] = [[] for _ in range(batch)]
+        requests = {b: self._advance(search, None, results, b) for b, search in searches.items()}
+        while requests := {b: r for b, r in requests.items() if r is not None}:
+            replies = {**self._score({b: r for b, r in requests.items() if r[0] == "joint"}),
+                       **self._step({b: r for b, r in requests.items() if r[0] == "step"}, device)}  # fmt: skip
+            requests = {b: self._advance(searches[b], replies[b], results, b) for b in requests}
+        return results
 
-    def _search(self, enc_proj: torch.Tensor) -> list[int]:
-        frames, beam, blank = enc_proj.shape[0], self.cfg.beam_size, self.blank
+    @staticmethod
+    def _advance(search, reply, results: list, b: int):
+        """The search's next request after ``reply`` (None: it has finished and put its result in ``results``)."""
+        try:
+            return search.send(reply)
+        except StopIteration as stop:
+            results[b] = stop.value
+            return None
+
+    def _score(self, requests: dict[int, tuple]) -> dict[int, tuple]:
+        """("joint", frame (J,), pred_proj (H, J)) of several searches -> per search the host lists (top-k labels'
+        log-probs, their labels, the blank's log-prob, the durations' log-probs or None), one row per hypothesis."""
+        if not requests:
+            return {}
+        blank, k = self.blank, min(self.cfg.beam_size, self.blank)
+        frames = torch.cat([frame[None].expand(len(pred), -1) for _, frame, pred in requests.values()])
+        logits = self.joint(frames, torch.cat([pred for _, _, pred in requests.values()]))  # (sum H, V+1[+D])
+        token_lp = logits[:, : blank + 1].log_softmax(-1)
+        values, labels = token_lp[:, :blank].topk(k, dim=-1)
+        columns = [values, labels, token_lp[:, blank : blank + 1]]  # labels as floats: exact below 2**24
+        if self.durations:
+            columns.append(logits[:, blank + 1 :].log_softmax(-1))
+        table = torch.cat([c.float() for c in columns], dim=1).cpu().tolist()  # one host transfer for the round
+        replies, row = {}, 0
+        for b, (_, _, pred) in requests.items():
+            rows = table[row : row + len(pred)]
+            row += len(pred)
+            durations = [r[2 * k + 1 :] for r in rows] if self.durations else None
+            replies[b] = ([r[:k] for r in rows], [[int(x) for x in r[k : 2 * k]] for r in rows],
+                          [r[2 * k] for r in rows], durations)  # fmt: skip
+        return replies
+
+    def _step(self, requests: dict[int, tuple], device: torch.device) -> dict[int, tuple]:
+        """("step", labels, per-hypothesis states) of several searches -> per search (pred_proj (n, J), state with n
+        columns): one prediction-network step for all of them."""
+        if not requests:
+            return {}
+        tokens = torch.tensor([t for _, labels, _ in requests.values() for t in labels], device=device)
+        states = tuple(torch.cat(parts, dim=1) for parts in zip(*(s for _, _, hs in requests.values() for s in hs)))
+        new_out, new_state = self.prediction.step(tokens, states)
+        new_proj = self.joint.pred_proj(new_out)
+        replies, column = {}, 0
+        for b, (_, labels, _) in requests.items():
+            end = column + len(labels)
+            replies[b] = (new_proj[column:end], tuple(s[:, column:end] for s in new_state))
+            column = end
+        return replies
+
+    def _search(self, enc_proj: torch.Tensor, start: torch.Tensor, state: tuple[torch.Tensor, ...]):
+        """One utterance's search (a generator: it yields its requests to :meth:`__call__` and returns the best
+        labels); ``start`` and ``state``: the prediction network after the start symbol."""
+        frames, beam = enc_proj.shape[0], self.cfg.beam_size
+        if frames == 0:
+            return []
         durations = self.durations or [0, 1]
-        device = enc_proj.device
-        out, state = self.prediction.step(torch.tensor([blank], device=device), None)
-        hyps = [_Hyp(0.0, (), 0, 0, self.joint.pred_proj(out)[0], state)]
+        hyps = [_Hyp(0.0, (), 0, 0, start, state)]
         done: list[_Hyp] = []
         while hyps:
             t = min(h.t for h in hyps)
             now = [h for h in hyps if h.t == t]
             waiting = [h for h in hyps if h.t != t]
-            logits = self.joint(enc_proj[t][None], torch.stack([h.pred_proj for h in now]))  # (H, V+1[+D])
-            token_lp = logits[:, : blank + 1].log_softmax(-1).cpu()
-            dur_lp = logits[:, blank + 1 :].log_softmax(-1).cpu() if self.durations else None
+            top_lp, top_labels, blank_lp, dur_lp = yield (
+                "joint",
+                enc_proj[t],
+                torch.stack([h.pred_proj for h in now]),
+            )
             candidates = []  # (score, parent, label or None, duration, LM state)
             for i, h in enumerate(now):
                 labels = []  # (log-prob + LM score, label, LM state), the LM's part once for all durations
-                for value, label in zip(*token_lp[i, :blank].topk(min(beam, blank))):
-                    score, label, lm_state = float(value), int(label), h.lm_state
+                for score, label in zip(top_lp[i], top_labels[i]):
+                    lm_state = h.lm_state
                     if self.lm is not None:
                         moved = self.lm.advance(h.lm_state, label)
                         if moved is None:
@@ -326,9 +400,9 @@ class TransducerBeamSearch:
                         lm_state, score = moved[0], score + moved[1]
                     labels.append((score, label, lm_state))
                 for k, d in enumerate(durations):
-                    d_lp = float(dur_lp[i, k]) if dur_lp is not None else 0.0
+                    d_lp = dur_lp[i][k] if dur_lp is not None else 0.0
                     if d >= 1 and (self.durations or d == 1):
-                        candidates.append((h.score + float(token_lp[i, blank]) + d_lp, h, None, d, h.lm_state))
+                        candidates.append((h.score + blank_lp[i] + d_lp, h, None, d, h.lm_state))
                     if self.durations is None and d != 0:
                         continue
                     if d == 0 and h.on_frame >= self.cfg.max_symbols:
@@ -336,7 +410,12 @@ class TransducerBeamSearch:
                     for score, label, lm_state in labels:
                         candidates.append((h.score + score + d_lp, h, label, d, lm_state))
             candidates.sort(key=lambda c: -c[0])
-            expanded = self._expand(candidates[: beam * 2], device)
+            candidates = candidates[: beam * 2]
+            labelled = [c for c in candidates if c[2] is not None]
+            new_proj = new_state = None
+            if labelled:
+                new_proj, new_state = yield ("step", [c[2] for c in labelled], [c[1].state for c in labelled])
+            expanded = self._expand(candidates, new_proj, new_state)
             merged: dict[tuple, _Hyp] = {}
             for h in expanded + waiting:
                 key = (h.ids, h.t)
@@ -356,16 +435,11 @@ class TransducerBeamSearch:
             finals = [(h.score, h.ids) for h in done]
         return list(max(finals)[1]) if finals else []
 
-    def _expand(self, candidates: list[tuple], device: torch.device) -> list[_Hyp]:
-        """New hypotheses from (score, parent, label or None, duration, LM state); labels advance the prediction
-        network in one batched step."""
+    @staticmethod
+    def _expand(candidates: list[tuple], new_proj: torch.Tensor | None, new_state: tuple | None) -> list[_Hyp]:
+        """New hypotheses from (score, parent, label or None, duration, LM state); the labelled ones, in order, take
+        the columns of the prediction network's step ``new_proj`` / ``new_state``."""
         out: list[_Hyp] = []
-        labelled = [c for c in candidates if c[2] is not None]
-        if labelled:
-            tokens = torch.tensor([c[2] for c in labelled], device=device)
-            states = tuple(torch.cat(parts, dim=1) for parts in zip(*(c[1].state for c in labelled)))
-            new_out, new_state = self.prediction.step(tokens, states)
-            new_proj = self.joint.pred_proj(new_out)
         index = 0
         for score, h, label, d, lm_state in candidates:
             t = h.t + d

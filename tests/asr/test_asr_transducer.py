@@ -347,6 +347,14 @@ def test_beam_search_with_and_without_an_lm(tmp_path, loss, context):
         return sum(w == "7" for w in words) / max(len(words), 1)
 
     assert share(with_lm) >= share(beam) and greedy is not None
+    # The utterances of a batch are searched together (one joint call and one prediction step per round for all of
+    # them); each one's result is the one it gets alone.
+    search = model._transducer_beam
+    enc, lengths = torch.randn(4, 20, 16) * 2, torch.tensor([20, 1, 13, 7])
+    together = search(*model.joint_frames(enc, lengths))
+    alone = [search(*model.joint_frames(enc[b : b + 1, : int(lengths[b])], lengths[b : b + 1]))[0] for b in range(4)]
+    assert together == alone and any(together)
+    assert search(*model.joint_frames(enc[:0], lengths[:0])) == []
 
 
 def test_flops_count_the_prediction_network_and_joint():
