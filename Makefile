@@ -43,8 +43,8 @@ $(STAMP): pyproject.toml
 # beside it. It keeps to a wall-clock budget of DEMO_WALL_S from the moment make starts: it builds what the recipe
 # reads first (its corpora, tokenizer and LM: asr_train.py prepare_only=true), then trains for what the install
 # and the build left of the budget, less DEMO_CLOSING_S for the start-up, the closing validation and the report
-# (~75 s on this project's 2-core machines since the beam search decodes a batch's utterances together, ~105 s
-# before; the fresh-clone demo then ends near 29 min 05 s, and the 30-minute limit leaves a slower machine 55 s
+# (~86 s on this project's 2-core machines since the beam search decodes a batch's utterances together, ~106 s
+# before; the fresh-clone demo then ends near 29 min 15 s, and the 30-minute limit leaves a slower machine 45 s
 # more). On a fresh clone that is 16-21 minutes of training (a slow machine trains less rather than run over); with
 # warm caches, more. The learning-rate schedule decays over whatever budget the
 # run gets. At least DEMO_MIN_TRAIN_S, even if the budget is then missed.
