@@ -50,7 +50,8 @@ $(STAMP): pyproject.toml
 # The closing validation (every set, greedy and beam + LM) is the demo's only one: Lightning's in-fit validations,
 # at the end of the blended 28.8-h first epoch and again when the time limit stops the training, would each cost
 # ~10 s of training for figures the closing gives anyway (every step counts here: ~0.1 WER point per 1% of steps
-# at this budget); so the demo writes its model archive, not checkpoints ranked by a validation metric.
+# at this budget); so the demo writes its model archive and last.ckpt, not checkpoints ranked by a validation
+# metric (check_val_every_n_epoch=1000: no validation epoch within the demo's ~1.6 epochs).
 # demo-ctc: the same data and encoder with CTC alone (asr_train.yaml), 17 minutes.
 DEMO_START := $(shell date +%s)
 DEMO_WALL_S ?= 1765
