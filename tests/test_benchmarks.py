@@ -111,3 +111,35 @@ def test_rare_words_alignment_marks_substituted_and_deleted_reference_words():
     assert wer == pytest.approx(3 / 7) and fixed == pytest.approx(1 / 7), (
         "the two misspellings fixed, the real-word error not"
     )
+
+
+def test_dp_step_balance_reports_the_imbalance_and_what_the_batch_shapes_explain(tmp_path):
+    """Two ranks' per-step files: rank 1's forward + backward is 50 ms slower on every other step, whatever the
+    batch, so the slowest rank's mean is 12.5 ms above the ranks' mean and the shapes explain none of it."""
+    import numpy as np
+
+    analyse = _main("dp_step_balance").__globals__["analyse"]
+    steps, rng = 60, np.random.default_rng(0)
+    shape = np.stack(
+        [rng.integers(4, 12, steps), rng.integers(40_000, 160_000, steps), rng.integers(10, 60, steps)], 1
+    )
+    base = 0.2 + 1e-9 * shape[:, 0] * shape[:, 1] * (shape[:, 2] + 1)  # cost grows with padded joint cells
+    for rank, extra in enumerate((np.zeros(steps), np.where(np.arange(steps) % 2 == 1, 0.05, 0.0))):
+        ends = 0.4 * np.arange(1, steps + 1)
+        rows = np.column_stack([shape, base + extra, np.full(steps, 0.02), np.full(steps, 0.01), ends])
+        np.savetxt(tmp_path / f"rank{rank}.txt", rows)
+    lines = analyse(tmp_path, devices=2, skip=10)
+    mean = (base[10:] + base[10:] + np.where(np.arange(10, steps) % 2 == 1, 0.05, 0.0)).mean() / 2
+    slowest = (base[10:] + np.where(np.arange(10, steps) % 2 == 1, 0.05, 0.0)).mean()
+    assert f"imbalance {100 * (slowest / mean - 1):.1f}%" in lines[3]
+    assert "step (rank 0, end to end) 400.0 ms" in lines[0] and "all-reduce median 20.0 ms, min 20.0 ms" in lines[1]
+    assert "from the shapes 0.0 ms, correlation 0.00" in lines[-1]
+
+
+def test_dp_step_balance_times_two_real_ranks(tmp_path, dtmf_manifest, capsys):
+    overrides = [o for o in example_overrides(tmp_path, dtmf_manifest) if not o.startswith("exp_manager.exp_dir")]
+    overrides += ["model.decoding.strategy=greedy", "model.train_ds.num_workers=0"]
+    _main("dp_step_balance")(["--recipe", "asr_train", "--steps", "14", "--skip", "2", "--batch-duration", "8",
+                              "--", *overrides])  # fmt: skip
+    out = capsys.readouterr().out
+    assert "steps 2-" in out and "rank 1: forward+backward" in out and "imbalance" in out
