@@ -6,11 +6,13 @@ Trains ``examples/asr_train.py`` as ``make demo`` does (2 processes, 30 s of aud
 which it builds first if it is not there, fresh weights, no validation) and records, per step and per rank: the time
 from the start of the step's forward pass to Megatron's ``finalize_model_grads`` (forward and backward), the time
 spent in ``finalize_model_grads`` (the data-parallel all-reduce: waiting for the slowest rank, then the transfer),
-the optimizer's update, and the batch's shape. It prints:
+the rest of the optimizer step (the loss's all-reduce, Lightning's hooks, the gradient norm, the update), and the
+batch's shape (with ``accumulate_grad_batches`` > 1: the window's last batch's forward and backward). It prints:
 
 - each rank's mean forward + backward time, and the mean over steps of the slowest rank's time against the mean of
   all ranks' times: the *imbalance*, what the faster ranks wait for at each step's all-reduce;
-- the all-reduce's median and minimum (the minimum is close to the transfer alone), the update, and the whole step;
+- the all-reduce's median and minimum (the minimum is close to the transfer alone), the rest of the optimizer step,
+  and the whole step;
 - how much of the rank-to-rank difference the batches' shapes explain: a least-squares fit of the forward + backward
   time on padded frames (batch size x longest utterance) and padded joint cells (that x the longest transcript),
   and the correlation between the fit's rank-to-rank difference and the measured one. A low correlation says the
@@ -60,8 +62,8 @@ def analyse(folder: Path, devices: int, skip: int) -> list[str]:
                  f"imbalance {100 * (slowest / mean - 1):.1f}% (the faster ranks wait for it)")  # fmt: skip
     lines.append(
         f"of the step: forward+backward {100 * mean / step_time:.0f}% (the ranks' mean), the all-reduce with the wait "
-        f"for the slowest rank {100 * reduce.mean() / step_time:.0f}%, the update (gradient norm, optimizer) "
-        f"{100 * update / step_time:.0f}%, the rest (loader, loop, hooks) "
+        f"for the slowest rank {100 * reduce.mean() / step_time:.0f}%, the rest of the optimizer step (loss "
+        f"all-reduce, gradient norm, update) {100 * update / step_time:.0f}%, the rest (loader, loop, hooks) "
         f"{100 * (1 - (mean + reduce.mean() + update) / step_time):.0f}%"
     )
     every = np.concatenate(ranks)

@@ -3,7 +3,8 @@ that every process of its training run (the ranks Lightning starts run ``example
 module at start-up. With ``SPEECHTRAIN_DP_BALANCE_DIR`` set it wraps the engine's step, its gradient finalisation
 (the data-parallel all-reduce) and the optimizer's update, and appends one line per training step to
 ``<dir>/rank<r>.txt``: batch size, longest utterance (samples), longest transcript (tokens), forward + backward (s),
-all-reduce (s), update (s), the step's end (``perf_counter``). Without the variable it does nothing."""
+all-reduce (s), the rest of the optimizer step (s), the step's end (``perf_counter``). Without the variable it does
+nothing."""
 
 import os
 import time
