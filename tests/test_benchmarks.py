@@ -143,3 +143,16 @@ def test_dp_step_balance_times_two_real_ranks(tmp_path, dtmf_manifest, capsys):
                               "--", *overrides])  # fmt: skip
     out = capsys.readouterr().out
     assert "steps 2-" in out and "rank 1: forward+backward" in out and "imbalance" in out
+
+
+def test_dp_step_balance_refuses_one_process_and_too_short_a_record(tmp_path, capsys):
+    import numpy as np
+
+    main = _main("dp_step_balance")
+    with pytest.raises(SystemExit):
+        main(["--devices", "1"])
+    assert "--devices must be at least 2" in capsys.readouterr().err
+    for rank in range(2):
+        np.savetxt(tmp_path / f"rank{rank}.txt", np.ones((12, 7)))
+    with pytest.raises(RuntimeError, match="only 12 steps recorded; run more than --skip \\+ 10 = 60"):
+        main.__globals__["analyse"](tmp_path, devices=2, skip=50)
