@@ -8,7 +8,9 @@ For each fixture it builds a tiny random NeMo model (seeded; every weight and ba
 its initial value so that a wrong mapping shows), saves it with NeMo's own ``save_to``, and runs it in eval mode on
 a fixed batch of two utterances of different lengths (``input_a.wav``, ``input_b.wav``, 16-bit PCM, written here
 and read back so that NeMo and the tests see the same samples). NeMo's CTC log-probs and output lengths go to
-``<name>.expected.safetensors``. The archives are recompressed with gzip, as NeMo 1.x wrote them.
+``<name>.expected.safetensors``; for a transducer (RNN-T, TDT, and the hybrid's transducer branch) also the prediction
+network's output and the joint's raw logits on a fixed label sequence (``labels``), and NeMo's greedy hypotheses
+(``greedy_<i>``: token ids per utterance). The archives are recompressed with gzip, as NeMo 1.x wrote them.
 ``manifest.json`` records the NeMo and torch versions.
 """
 
@@ -35,17 +37,25 @@ TEXT = (
 )
 
 FIXTURES = {
-    # name: (encoder overrides, preprocessor overrides, hybrid)
+    # name: (encoder overrides, preprocessor overrides, kind: ctc | hybrid | rnnt | tdt)
     "fastconformer_ctc": ({"subsampling": "dw_striding", "subsampling_factor": 8, "xscaling": True,
-                           "untie_biases": True}, {}, False),
+                           "untie_biases": True}, {}, "ctc"),
     "fastconformer_ctc_noxs_tied": ({"subsampling": "dw_striding", "subsampling_factor": 8, "xscaling": False,
-                                     "untie_biases": False}, {}, False),
+                                     "untie_biases": False}, {}, "ctc"),
     "conformer_ctc": ({"subsampling": "striding", "subsampling_factor": 4, "xscaling": True, "untie_biases": False,
                        "conv_kernel_size": 7, "conv_norm_type": "layer_norm", "n_heads": 4},
-                      {"pad_to": 16}, False),
+                      {"pad_to": 16}, "ctc"),
     "fastconformer_hybrid": ({"subsampling": "dw_striding", "subsampling_factor": 8, "xscaling": True,
-                              "untie_biases": True}, {}, True),
+                              "untie_biases": True}, {}, "hybrid"),
+    "fastconformer_rnnt": ({"subsampling": "dw_striding", "subsampling_factor": 8, "xscaling": True,
+                            "untie_biases": True}, {}, "rnnt"),
+    "conformer_tdt": ({"subsampling": "striding", "subsampling_factor": 4, "xscaling": False, "untie_biases": True},
+                      {}, "tdt"),
 }  # fmt: skip
+TDT_DURATIONS = [0, 1, 2, 3, 4]
+JOINT_GAIN, BLANK_BIAS = 3.0, 1.5
+GREEDY_FRAMES = (12, 7)  # the greedy decoding's input: random "encoder outputs" of these lengths
+LABELS = ((3, 17, 5, 30, 8), (12, 1, 39, 4, 4))  # a fixed (B, U) label batch for the transducers' tensors
 
 
 def make_tokenizer(folder: Path) -> None:
@@ -61,7 +71,7 @@ def make_tokenizer(folder: Path) -> None:
     text.unlink()
 
 
-def model_config(tokenizer_dir: Path, encoder: dict, preprocessor: dict, hybrid: bool) -> dict:
+def model_config(tokenizer_dir: Path, encoder: dict, preprocessor: dict, kind: str) -> dict:
     d_model = 16
     enc = {
         "_target_": "nemo.collections.asr.modules.ConformerEncoder", "feat_in": 20, "feat_out": -1, "n_layers": 2,
@@ -103,7 +113,7 @@ def model_config(tokenizer_dir: Path, encoder: dict, preprocessor: dict, hybrid:
     }
     ctc_decoder = {"_target_": "nemo.collections.asr.modules.ConvASRDecoder", "feat_in": d_model, "num_classes": -1,
                    "vocabulary": []}  # fmt: skip
-    if not hybrid:
+    if kind == "ctc":
         cfg["decoder"] = ctc_decoder
         cfg["decoding"] = {"strategy": "greedy"}
         return cfg
@@ -113,7 +123,7 @@ def model_config(tokenizer_dir: Path, encoder: dict, preprocessor: dict, hybrid:
         "normalization_mode": None,
         "random_state_sampling": False,
         "blank_as_pad": True,
-        "prednet": {"pred_hidden": 16, "pred_rnn_layers": 1, "t_max": None, "dropout": 0.1},
+        "prednet": {"pred_hidden": 16, "pred_rnn_layers": 2 if kind == "tdt" else 1, "t_max": None, "dropout": 0.1},
     }
     cfg["joint"] = {
         "_target_": "nemo.collections.asr.modules.RNNTJoint",
@@ -121,10 +131,26 @@ def model_config(tokenizer_dir: Path, encoder: dict, preprocessor: dict, hybrid:
         "preserve_memory": False,
         "fuse_loss_wer": False,
         "fused_batch_size": 4,
-        "jointnet": {"joint_hidden": 16, "activation": "relu", "dropout": 0.1},
+        "jointnet": {"joint_hidden": 16, "activation": "tanh" if kind == "tdt" else "relu", "dropout": 0.1},
     }
     cfg["decoding"] = {"strategy": "greedy_batch", "greedy": {"max_symbols": 5}}
     cfg["loss"] = {"loss_name": "default"}
+    if kind == "tdt":
+        cfg["model_defaults"]["tdt_durations"] = TDT_DURATIONS
+        cfg["joint"]["num_extra_outputs"] = len(TDT_DURATIONS)
+        cfg["decoding"].update({"model_type": "tdt", "durations": TDT_DURATIONS})
+        cfg["loss"] = {
+            "loss_name": "tdt",
+            "tdt_kwargs": {
+                "fastemit_lambda": 0.0,
+                "clamp": -1.0,
+                "durations": TDT_DURATIONS,
+                "sigma": 0.05,
+                "omega": 0.1,
+            },
+        }
+    if kind != "hybrid":
+        return cfg
     cfg["aux_ctc"] = {"ctc_loss_weight": 0.3, "use_cer": False, "ctc_reduction": "mean_batch",
                       "decoder": ctc_decoder, "decoding": {"strategy": "greedy"}}  # fmt: skip
     return cfg  # fmt: skip
@@ -146,6 +172,20 @@ def randomise(model: torch.nn.Module, seed: int) -> None:
                 tensor.add_(0.2 * noise)
             else:
                 tensor.add_(0.5 * noise * tensor.std().clamp(min=0.05))
+
+
+def vary_joint(model: torch.nn.Module) -> None:
+    """A transducer's joint layers with no biases (but the blank's) and larger weights, so that greedy decoding
+    follows its input and emits blanks too (with the randomised biases every cell picked the same token, which tests
+    little of the decoding)."""
+    with torch.no_grad():
+        for layer in (model.joint.enc, model.joint.pred, model.joint.joint_net[-1]):
+            layer.bias.zero_()
+            layer.weight.mul_(JOINT_GAIN)
+        model.joint.joint_net[-1].bias[model.decoder.blank_idx] = BLANK_BIAS
+        # the blank's embedding is the padding row, zero in every trained NeMo model (NeMo's batched greedy decoding
+        # reads it as the start symbol, its frame-by-frame one a zero vector: they agree only when it is zero)
+        model.decoder.prediction.embed.weight[model.decoder.blank_idx] = 0.0
 
 
 def make_inputs(out: Path) -> tuple[torch.Tensor, torch.Tensor]:
@@ -185,32 +225,67 @@ def ctc_log_probs(model, audio: torch.Tensor, lengths: torch.Tensor) -> tuple[to
         return log_probs, encoded_len
 
 
+def transducer_outputs(model, audio: torch.Tensor, lengths: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The prediction network's output and the joint's raw logits on ``LABELS``, and NeMo's greedy token ids."""
+    with torch.no_grad():
+        encoded, encoded_len = model.forward(input_signal=audio, input_signal_length=lengths)  # (B, D, T)
+        labels = torch.tensor(LABELS)
+        pred, _ = model.decoder.predict(labels, state=None, add_sos=True, batch_size=labels.shape[0])  # (B, U+1, H)
+        model.joint.log_softmax = False  # raw logits (NeMo applies log_softmax on the CPU when this is None)
+        logits = model.joint.joint(encoded.transpose(1, 2), pred)  # (B, T, U+1, V+1+D)
+        model.joint.log_softmax = None
+        # Greedy decoding of a random encoder output (the random encoder's is nearly the same on every frame).
+        generator = torch.Generator().manual_seed(7)
+        frames = torch.randn(len(GREEDY_FRAMES), max(GREEDY_FRAMES), encoded.shape[1], generator=generator)
+        frame_lens = torch.tensor(GREEDY_FRAMES)
+        hypotheses = model.decoding.rnnt_decoder_predictions_tensor(encoder_output=frames.transpose(1, 2),
+                                                                   encoded_lengths=frame_lens)  # fmt: skip
+    out = {"labels": labels, "prediction": pred.float().contiguous(), "joint_logits": logits.float().contiguous(),
+           "greedy_input": frames, "greedy_lengths": frame_lens}  # fmt: skip
+    for i, hypothesis in enumerate(hypotheses):
+        out[f"greedy_{i}"] = torch.as_tensor(hypothesis.y_sequence, dtype=torch.long).reshape(-1)
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("tests/fixtures/nemo"))
     args = parser.parse_args()
     import nemo
-    from nemo.collections.asr.models import EncDecCTCModelBPE, EncDecHybridRNNTCTCBPEModel
+    from nemo.collections.asr.models import EncDecCTCModelBPE, EncDecHybridRNNTCTCBPEModel, EncDecRNNTBPEModel
+
+    classes = {"ctc": EncDecCTCModelBPE, "hybrid": EncDecHybridRNNTCTCBPEModel, "rnnt": EncDecRNNTBPEModel,
+               "tdt": EncDecRNNTBPEModel}  # fmt: skip
 
     args.out.mkdir(parents=True, exist_ok=True)
     audio, lengths = make_inputs(args.out)
     records = {}
     with tempfile.TemporaryDirectory() as tmp:
         make_tokenizer(Path(tmp))
-        for seed, (name, (encoder, preprocessor, hybrid)) in enumerate(FIXTURES.items()):
+        for seed, (name, (encoder, preprocessor, kind)) in enumerate(FIXTURES.items()):
             torch.manual_seed(seed)
-            cfg = OmegaConf.create(model_config(Path(tmp), encoder, preprocessor, hybrid))
-            model = (EncDecHybridRNNTCTCBPEModel if hybrid else EncDecCTCModelBPE)(cfg=cfg)
+            cfg = OmegaConf.create(model_config(Path(tmp), encoder, preprocessor, kind))
+            model = classes[kind](cfg=cfg)
             randomise(model, seed)
+            if kind != "ctc":
+                vary_joint(model)
             model.eval()
             path = args.out / f"{name}.nemo"
             model.save_to(str(path))
             gzip_archive(path)
-            log_probs, out_lengths = ctc_log_probs(model, audio, lengths)
-            save_file({"log_probs": log_probs.float().contiguous(), "lengths": out_lengths.long()},
-                      args.out / f"{name}.expected.safetensors")  # fmt: skip
+            expected = {}
+            if kind in ("ctc", "hybrid"):
+                log_probs, out_lengths = ctc_log_probs(model, audio, lengths)
+                expected["log_probs"] = log_probs.float().contiguous()
+            if kind != "ctc":
+                expected.update(transducer_outputs(model, audio, lengths))
+                with torch.no_grad():
+                    out_lengths = model.forward(input_signal=audio, input_signal_length=lengths)[1]
+            expected["lengths"] = out_lengths.long()
+            save_file(expected, args.out / f"{name}.expected.safetensors")
+            shapes = {key: list(value.shape) for key, value in expected.items() if key != "lengths"}
             records[name] = {"class": type(model).__name__, "encoder": encoder, "preprocessor": preprocessor,
-                             "log_probs_shape": list(log_probs.shape), "lengths": out_lengths.tolist(),
+                             "shapes": shapes, "lengths": out_lengths.tolist(),
                              "bytes": path.stat().st_size}  # fmt: skip
             print(name, records[name])
     manifest = {"nemo": nemo.__version__, "torch": torch.__version__, "inputs": ["input_a.wav", "input_b.wav"],

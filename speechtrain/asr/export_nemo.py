@@ -1,16 +1,20 @@
-"""Export a Conformer-CTC model to NeMo's ``.nemo`` format, for NeMo's ``EncDecCTCModelBPE.restore_from``.
+"""Export a Conformer CTC or transducer model to NeMo's ``.nemo`` format, for NeMo's ``ASRModel.restore_from``.
 
     python -m speechtrain.asr.export_nemo model.stm model.nemo
 
-or ``model.save_to("model.nemo")`` on a :class:`~speechtrain.asr.ctc.ConformerCTCModel`. The file is a plain tar
-of ``model_config.yaml`` (NeMo's ``EncDecCTCModelBPE`` config: ``AudioToMelSpectrogramPreprocessor``,
-``ConformerEncoder``, ``ConvASRDecoder``), ``model_weights.ckpt`` (NeMo's tensor names, written with
-``torch.save``: plain tensors only) and the sentencepiece tokenizer with the ``tokenizer.vocab`` and ``vocab.txt``
-that NeMo's tokenizer set-up registers. NeMo computes the same log-probs (see the tests).
+or ``model.save_to("model.nemo")`` on a :class:`~speechtrain.asr.ctc.ConformerCTCModel` or a
+:class:`~speechtrain.asr.transducer.ConformerTransducerModel`. The file is a plain tar of ``model_config.yaml``
+(NeMo's config of ``EncDecCTCModelBPE``: ``AudioToMelSpectrogramPreprocessor``, ``ConformerEncoder``,
+``ConvASRDecoder``; of ``EncDecRNNTBPEModel`` for an RNN-T or TDT model: ``RNNTDecoder``, ``RNNTJoint``, the loss and
+greedy decoding; of ``EncDecHybridRNNTCTCBPEModel`` for a hybrid, with ``aux_ctc``), ``model_weights.ckpt`` (NeMo's
+tensor names, written with ``torch.save``: plain tensors only) and the sentencepiece tokenizer with the
+``tokenizer.vocab`` and ``vocab.txt`` that NeMo's tokenizer set-up registers. NeMo computes the same log-probs and
+joint outputs (see the tests and ``tools/check_nemo_export.py``).
 
 Only what NeMo has is exported; refused by name: other model classes, character tokenizers (NeMo's character
-models are another class), and the ``torchaudio`` front-end (NeMo's features differ: HTK mel without pre-emphasis;
-train with ``preprocessor.kind=nemo`` to export).
+models are another class), the ``torchaudio`` front-end (NeMo's features differ: HTK mel without pre-emphasis;
+train with ``preprocessor.kind=nemo`` to export), an encoder with half-rate layers, self-conditioned CTC, and for
+transducers a stateless prediction network, stacked frames (``joint.frame_stack``) or a ``silu`` joint.
 """
 
 import argparse
@@ -28,11 +32,69 @@ import yaml
 from speechtrain.asr.nemo_import import NEMO_CONFIG, NEMO_WEIGHTS, name_pairs
 
 NEMO_CLASS = "nemo.collections.asr.models.ctc_bpe_models.EncDecCTCModelBPE"
+RNNT_CLASS = "nemo.collections.asr.models.rnnt_bpe_models.EncDecRNNTBPEModel"
+HYBRID_CLASS = "nemo.collections.asr.models.hybrid_rnnt_ctc_bpe_models.EncDecHybridRNNTCTCBPEModel"
 
 
-def nemo_config(cfg: Any, vocabulary: list[str]) -> dict[str, Any]:
-    """Our Conformer-CTC config (a DictConfig or dict) -> NeMo's ``EncDecCTCModelBPE`` config (artifacts named
-    ``nemo:tokenizer.model``, ``nemo:tokenizer.vocab``, ``nemo:vocab.txt``)."""
+def nemo_class(cfg: Any) -> str:
+    """NeMo's class for our model config: CTC, RNN-T / TDT (``loss`` set), or hybrid (``hybrid: true``)."""
+    if "loss" not in cfg:
+        return NEMO_CLASS
+    return HYBRID_CLASS if cfg["hybrid"] else RNNT_CLASS
+
+
+def transducer_sections(cfg: Any, vocabulary: list[str]) -> dict[str, Any]:
+    """Our transducer config -> NeMo's ``model_defaults``, ``decoder``, ``joint``, ``decoding`` and ``loss`` (the
+    inverse of :func:`~speechtrain.asr.nemo_import.transducer_config`)."""
+    pred, joint, d_model = cfg["prediction"], cfg["joint"], int(cfg["encoder"]["d_model"])
+    durations = [int(d) for d in cfg["durations"]] if cfg["loss"] == "tdt" else []
+    width = {"pred_hidden": int(pred["pred_hidden"]), "joint_hidden": int(joint["joint_hidden"])}
+    sections: dict[str, Any] = {
+        "model_defaults": {"enc_hidden": d_model, **width},
+        "decoder": {
+            "_target_": "nemo.collections.asr.modules.RNNTDecoder",
+            "normalization_mode": None,
+            "random_state_sampling": False,
+            "blank_as_pad": True,
+            "prednet": {
+                "pred_hidden": width["pred_hidden"],
+                "pred_rnn_layers": int(pred["pred_rnn_layers"]),
+                "t_max": None,
+                "dropout": float(pred["dropout"]),
+            },  # fmt: skip
+            "vocab_size": len(vocabulary),
+        },
+        "joint": {
+            "_target_": "nemo.collections.asr.modules.RNNTJoint",
+            "log_softmax": None,
+            "preserve_memory": False,
+            "fuse_loss_wer": False,
+            "fused_batch_size": int(joint["fused_batch_size"]) or -1,
+            "jointnet": {
+                "joint_hidden": width["joint_hidden"],
+                "activation": joint["activation"],
+                "dropout": float(joint["dropout"]),
+                "encoder_hidden": d_model,
+                "pred_hidden": width["pred_hidden"],
+            },  # fmt: skip
+            "num_classes": len(vocabulary),
+            "vocabulary": vocabulary,
+        },
+        "decoding": {"strategy": "greedy_batch", "greedy": {"max_symbols": int(cfg["decoding"]["max_symbols"])}},
+        "loss": {"loss_name": "default"},
+    }
+    if durations:
+        sections["model_defaults"]["tdt_durations"] = durations
+        sections["joint"]["num_extra_outputs"] = len(durations)
+        sections["decoding"].update(model_type="tdt", durations=durations)
+        sections["loss"] = {"loss_name": "tdt", "tdt_kwargs": {"fastemit_lambda": 0.0, "clamp": -1.0,
+                                                               "durations": durations, "sigma": float(cfg["sigma"]),
+                                                               "omega": float(cfg["omega"])}}  # fmt: skip
+    return sections
+
+
+def _ctc_config(cfg: Any, vocabulary: list[str]) -> dict[str, Any]:
+    """Our Conformer-CTC config -> NeMo's ``EncDecCTCModelBPE`` config."""
     pre, enc, sample_rate = cfg["preprocessor"], cfg["encoder"], int(cfg["sample_rate"])
     spec = cfg.get("spec_augment")
     interctc = cfg.get("interctc") or {}
@@ -110,11 +172,33 @@ def nemo_config(cfg: Any, vocabulary: list[str]) -> dict[str, Any]:
     }
 
 
-def nemo_state_dict(state: dict[str, torch.Tensor], encoder: dict[str, Any]) -> dict[str, torch.Tensor]:
+def nemo_config(cfg: Any, vocabulary: list[str]) -> dict[str, Any]:
+    """Our Conformer CTC or transducer config (a DictConfig or dict) -> NeMo's config of :func:`nemo_class`
+    (artifacts named ``nemo:tokenizer.model``, ``nemo:tokenizer.vocab``, ``nemo:vocab.txt``)."""
+    config = _ctc_config(cfg, vocabulary)
+    if "loss" not in cfg:
+        return config
+    ctc_head = config.pop("decoder")
+    config.pop("interctc")
+    config.update(transducer_sections(cfg, vocabulary), target=nemo_class(cfg))
+    if cfg["hybrid"]:
+        config["aux_ctc"] = {"ctc_loss_weight": float(cfg["ctc_loss_weight"]), "use_cer": False,
+                             "ctc_reduction": cfg["ctc_reduction"], "decoder": ctc_head,
+                             "decoding": {"strategy": "greedy"}}  # fmt: skip
+    return config
+
+
+def nemo_state_dict(state: dict[str, torch.Tensor], cfg: Any) -> dict[str, torch.Tensor]:
     """Our full state dict -> NeMo's names and shapes (the inverse of
     :func:`~speechtrain.asr.nemo_import.nemo_to_speechtrain`; zero key biases, tied biases repeated per layer)."""
+    encoder = cfg["encoder"]
+    head: str | None = "decoder"
+    transducer = None
+    if "loss" in cfg:
+        head = "ctc_decoder" if cfg["hybrid"] else None
+        transducer = (int(cfg["prediction"]["pred_rnn_layers"]), bool(cfg["joint"]["dropout"]))
     out: dict[str, torch.Tensor] = {}
-    for nemo, ours, conv in name_pairs(encoder):
+    for nemo, ours, conv in name_pairs(encoder, head, transducer):
         tensor = state[ours].detach().cpu()
         out[nemo] = (tensor.unsqueeze(-1) if conv else tensor).clone().contiguous()
     for i in range(int(encoder["num_layers"])):
@@ -156,6 +240,7 @@ def write_nemo(model: Any, path: str | Path) -> Path:
     """
     from speechtrain.asr.ctc import ConformerCTCModel
     from speechtrain.asr.tokenizers import SentencePieceTokenizer
+    from speechtrain.asr.transducer import ConformerTransducerModel
     from speechtrain.core.config import to_plain
     from speechtrain.lightning.checkpoint import gather_full_state_dict
 
@@ -171,6 +256,13 @@ def write_nemo(model: Any, path: str | Path) -> Path:
         raise ValueError(f"{path}: this {name}'s encoder runs layers on half the frames (model.encoder."
                          "time_reduce_idx), which NeMo's Conformer encoder does not; export it as a .stm "
                          "archive.")  # fmt: skip
+    if isinstance(model, ConformerTransducerModel):
+        pred, joint = model.cfg.prediction, model.cfg.joint
+        if pred.context_size or joint.frame_stack != 1 or joint.activation not in ("relu", "tanh", "sigmoid"):
+            raise ValueError(f"{path}: this {name} has a stateless prediction network (context_size "
+                             f"{pred.context_size}), stacked frames (joint.frame_stack {joint.frame_stack}) or a "
+                             f"{joint.activation!r} joint, which NeMo's RNNTDecoder / RNNTJoint do not compute; "
+                             "export it as a .stm archive.")  # fmt: skip
     if not isinstance(model.tokenizer, SentencePieceTokenizer):
         raise ValueError(f"{path}: this {name} has a {type(model.tokenizer).__name__}; the .nemo export writes "
                          "NeMo's EncDecCTCModelBPE, which needs a sentencepiece tokenizer.")  # fmt: skip
@@ -188,7 +280,7 @@ def write_nemo(model: Any, path: str | Path) -> Path:
     members[NEMO_CONFIG] = yaml.safe_dump(nemo_config(cfg, model.tokenizer.vocab), sort_keys=False,
                                           allow_unicode=True).encode()  # fmt: skip
     buffer = io.BytesIO()
-    torch.save(nemo_state_dict(state, cfg["encoder"]), buffer)
+    torch.save(nemo_state_dict(state, cfg), buffer)
     members[NEMO_WEIGHTS] = buffer.getvalue()
     with tempfile.TemporaryDirectory() as tmp:
         model_file = Path(tmp) / "tokenizer.model"
@@ -212,7 +304,7 @@ def write_nemo(model: Any, path: str | Path) -> Path:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         prog="python -m speechtrain.asr.export_nemo",
-        description="Export a speechtrain Conformer-CTC archive (.stm) to NeMo's .nemo format.",
+        description="Export a speechtrain Conformer CTC or transducer archive (.stm) to NeMo's .nemo format.",
     )
     parser.add_argument("model", help="the speechtrain archive (.stm)")
     parser.add_argument("output", help="the .nemo file to write")
@@ -226,7 +318,8 @@ def main(argv: list[str] | None = None) -> None:
         written = write_nemo(model, args.output)
     except ValueError as error:
         sys.exit(f"error: {error}")
-    print(f"Wrote {written} (NeMo EncDecCTCModelBPE, {model.tokenizer.vocab_size} tokens).")
+    kind = nemo_class(model.cfg).rsplit(".", 1)[-1]
+    print(f"Wrote {written} (NeMo {kind}, {model.tokenizer.vocab_size} tokens).")
 
 
 if __name__ == "__main__":

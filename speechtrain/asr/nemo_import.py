@@ -1,4 +1,5 @@
-"""Read NeMo ``.nemo`` Conformer / FastConformer CTC checkpoints as speechtrain models, and name NeMo's tensors.
+"""Read NeMo ``.nemo`` Conformer / FastConformer CTC, RNN-T, TDT and hybrid checkpoints as speechtrain models, and
+name NeMo's tensors.
 
 A ``.nemo`` file (NeMo 1.x-3.x ASR) is a tar, plain or gzip, of ``model_config.yaml``, ``model_weights.ckpt`` (a
 torch state dict) and artifacts that the config names as ``nemo:<member>`` (the sentencepiece ``tokenizer.model``,
@@ -7,11 +8,19 @@ torch state dict) and artifacts that the config names as ``nemo:<member>`` (the 
 translated (:func:`translate_config`), the weights renamed (:func:`nemo_to_speechtrain`), the tokenizer extracted,
 and the front-end set to ``preprocessor.kind: nemo`` so that the model sees the features it was trained on.
 
-What loads: ``EncDecCTCModelBPE`` (sentencepiece) and ``EncDecCTCModel`` (characters) with a ``ConformerEncoder``
-(``striding`` or ``dw_striding`` subsampling, ``rel_pos`` attention, full context), and the CTC branch of the hybrid
-``EncDecHybridRNNTCTC[BPE]Model`` (the RNN-T decoder and joint are left out, and the log says so). Everything else
-is refused with the file and the setting named: RNN-T-only models, other encoders, limited-context (streaming) or
-local attention, causal convolutions, WordPiece tokenizers, front-end settings other than NeMo's log-mel defaults.
+What loads, each with a ``ConformerEncoder`` (``striding`` or ``dw_striding`` subsampling, ``rel_pos`` attention,
+full context):
+
+- ``EncDecCTCModelBPE`` (sentencepiece) and ``EncDecCTCModel`` (characters): a
+  :class:`~speechtrain.asr.ctc.ConformerCTCModel`;
+- ``EncDecRNNTBPEModel`` / ``EncDecRNNTModel`` with an LSTM ``RNNTDecoder`` and an ``RNNTJoint``, RNN-T or TDT loss
+  (``loss.loss_name: tdt``, e.g. Parakeet-TDT): a :class:`~speechtrain.asr.transducer.ConformerTransducerModel`;
+- the hybrids ``EncDecHybridRNNTCTC[BPE]Model`` (RNN-T-CTC and TDT-CTC): the same transducer with ``hybrid: true``,
+  its CTC head the hybrid's ``ctc_decoder`` (``decoder_type: ctc`` decodes with it, as NeMo's ``cur_decoder``).
+
+Everything else is refused with the file and the setting named: other encoders, limited-context (streaming) or
+local attention, causal convolutions, stateless or layer-normalised prediction networks, multi-blank losses,
+WordPiece tokenizers, front-end settings other than NeMo's log-mel defaults.
 
 Safety: the weights are read with ``torch.load(weights_only=True)`` (plain tensors only; nothing in the file is
 executed); tar members with absolute paths, ``..`` or links are refused, and so are truncated files.
@@ -43,6 +52,7 @@ NEMO_WEIGHTS = "model_weights.ckpt"
 ARTIFACT_PREFIX = "nemo:"
 MAX_MEMBER_BYTES = 64 * 2**30
 TARGET = "speechtrain.asr.ctc.ConformerCTCModel"
+TRANSDUCER_TARGET = "speechtrain.asr.transducer.ConformerTransducerModel"
 
 CTC_CLASSES = ("EncDecCTCModelBPE", "EncDecCTCModel")
 HYBRID_CLASSES = ("EncDecHybridRNNTCTCBPEModel", "EncDecHybridRNNTCTCModel")
@@ -133,8 +143,10 @@ class NemoModelInfo:
 
     Attributes:
         model_class: NeMo's class name (``EncDecCTCModelBPE``, ...).
-        hybrid: a hybrid RNN-T/CTC model (its CTC branch is loaded).
-        head: the CTC head's state-dict prefix (``decoder`` or ``ctc_decoder``).
+        hybrid: a hybrid RNN-T/CTC model.
+        head: the CTC head's state-dict prefix (``decoder`` or ``ctc_decoder``; None for an RNN-T-only model).
+        transducer: the prediction network's LSTM layers and whether NeMo's joint has a dropout module (which
+            shifts the index of its output layer), for a model with a transducer; else None.
         tokenizer: ``bpe`` (a sentencepiece artifact) or ``char`` (the decoder's vocabulary).
         use_bias: NeMo's ``encoder.use_bias``.
         notes: what was left out or changed, for the log.
@@ -142,8 +154,9 @@ class NemoModelInfo:
 
     model_class: str
     hybrid: bool
-    head: str
+    head: str | None
     tokenizer: str
+    transducer: tuple[int, bool] | None = None
     use_bias: bool = True
     notes: list[str] = field(default_factory=list)
 
@@ -156,7 +169,7 @@ def _class_name(cfg: dict[str, Any]) -> str:
     if "aux_ctc" in cfg:
         return HYBRID_CLASSES[0] if "tokenizer" in cfg else HYBRID_CLASSES[1]
     if decoder.endswith("RNNTDecoder"):
-        return RNNT_CLASSES[0]
+        return RNNT_CLASSES[0] if "tokenizer" in cfg else RNNT_CLASSES[1]
     return CTC_CLASSES[0] if "tokenizer" in cfg else CTC_CLASSES[1]
 
 
@@ -258,14 +271,12 @@ def translate_config(nemo_cfg: dict[str, Any], path: str | Path) -> tuple[dict[s
     if not isinstance(nemo_cfg, dict):
         raise NemoImportError(f"{path}: {NEMO_CONFIG} is not a mapping.")
     name = _class_name(nemo_cfg)
-    if name in RNNT_CLASSES:
-        raise _refuse(path, f"it holds an {name} (an RNN-T-only model: speechtrain loads CTC and hybrid RNN-T/CTC "
-                            "checkpoints)")  # fmt: skip
-    if name not in CTC_CLASSES + HYBRID_CLASSES:
+    if name not in CTC_CLASSES + HYBRID_CLASSES + RNNT_CLASSES:
         raise _refuse(path, f"it holds a {name or 'model of unknown class'} (supported: "
-                            f"{', '.join(CTC_CLASSES + HYBRID_CLASSES)})")  # fmt: skip
+                            f"{', '.join(CTC_CLASSES + RNNT_CLASSES + HYBRID_CLASSES)})")  # fmt: skip
     hybrid = name in HYBRID_CLASSES
-    info = NemoModelInfo(name, hybrid, "ctc_decoder" if hybrid else "decoder", "bpe" if "BPE" in name else "char")
+    head = "ctc_decoder" if hybrid else None if name in RNNT_CLASSES else "decoder"
+    info = NemoModelInfo(name, hybrid, head, "bpe" if "BPE" in name else "char")
     sample_rate = int(nemo_cfg.get("sample_rate", 16000))
     preprocessor = _preprocessor(path, dict(nemo_cfg.get("preprocessor") or {}), sample_rate)
     enc = dict(nemo_cfg.get("encoder") or {})
@@ -278,7 +289,7 @@ def translate_config(nemo_cfg: dict[str, Any], path: str | Path) -> tuple[dict[s
     if float(enc.get("stochastic_depth_drop_prob", 0.0) or 0.0) > 0:
         info.notes.append("stochastic depth is not applied when fine-tuning here (it never is at inference)")
     head = (nemo_cfg.get("aux_ctc") or {}).get("decoder") if hybrid else nemo_cfg.get("decoder")
-    head = dict(head or {})
+    head = dict(head or {}) if info.head else {}
     if not str(head.get("_target_", "ConvASRDecoder")).endswith("ConvASRDecoder"):
         raise _refuse(path, f"its CTC decoder is a {head['_target_']!r} (only ConvASRDecoder loads)")
     reduction = "mean_volume" if nemo_cfg.get("ctc_reduction", "mean_batch") == "mean_volume" else "mean_batch"
@@ -289,7 +300,12 @@ def translate_config(nemo_cfg: dict[str, Any], path: str | Path) -> tuple[dict[s
         "encoder": encoder,
         "ctc_reduction": reduction,
     }
-    vocabulary = list(head.get("vocabulary") or nemo_cfg.get("labels") or [])
+    if info.head != "decoder":  # a transducer: RNN-T, TDT, or a hybrid's
+        transducer, info.transducer = transducer_config(nemo_cfg, path, hybrid, info.notes)
+        config.update(transducer)
+    # a character model's symbols: its CTC head's, or its joint's, or the model's labels
+    vocabulary = list(head.get("vocabulary") or (nemo_cfg.get("joint") or {}).get("vocabulary")
+                      or nemo_cfg.get("labels") or [])  # fmt: skip
     if info.tokenizer == "char":
         if not vocabulary:
             raise NemoImportError(f"{path}: a character model without decoder.vocabulary.")
@@ -299,10 +315,86 @@ def translate_config(nemo_cfg: dict[str, Any], path: str | Path) -> tuple[dict[s
         if kind != "bpe":
             what = "a WordPiece tokenizer" if kind == "wpe" else f"a {kind!r} tokenizer"
             raise _refuse(path, f"tokenizer.type is {kind!r} ({what}; sentencepiece 'bpe' tokenizers load)")
-    if hybrid:
-        info.notes.append("a hybrid RNN-T/CTC model: its CTC branch (ctc_decoder) is loaded; the RNN-T decoder and "
-                          "joint are left out")  # fmt: skip
     return config, info
+
+
+# NeMo's RNN-T loss names (one loss, several implementations), and its activations of the joint.
+RNNT_LOSSES = ("default", "warprnnt", "warprnnt_numba", "pytorch", "graph_rnnt")
+JOINT_ACTIVATIONS = {"relu": "relu", "tanh": "tanh", "sigmoid": "sigmoid", "swish": "silu", "silu": "silu"}
+
+
+def transducer_config(
+    nemo_cfg: dict[str, Any], path: str | Path, hybrid: bool, notes: list[str]
+) -> tuple[dict[str, Any], tuple[int, bool]]:
+    """NeMo's ``decoder`` (``RNNTDecoder``), ``joint`` (``RNNTJoint``), ``loss``, ``decoding`` and, for a hybrid,
+    ``aux_ctc`` -> the keys of a :class:`~speechtrain.asr.transducer.ConformerTransducerConfig`, and the LSTM's
+    layers and whether NeMo's joint has a dropout module (see :class:`NemoModelInfo`). Training-only settings that
+    speechtrain does not have (FastEmit) are noted, not refused: the weights decode the same.
+
+    Raises:
+        NemoImportError: naming the setting that speechtrain cannot represent.
+    """
+    path = Path(path)
+    dec, joint = dict(nemo_cfg.get("decoder") or {}), dict(nemo_cfg.get("joint") or {})
+    kind = str(dec.get("_target_", "RNNTDecoder")).rsplit(".", 1)[-1]
+    if kind != "RNNTDecoder":
+        raise _refuse(path, f"decoder._target_ is {kind!r} (only the LSTM RNNTDecoder loads)")
+    if dec.get("normalization_mode") is not None:
+        raise _refuse(path, f"decoder.normalization_mode is {dec['normalization_mode']!r} (a layer-normalised LSTM)")
+    if not dec.get("blank_as_pad", True):
+        raise _refuse(path, "decoder.blank_as_pad is false (the blank must be the embedding's padding row)")
+    prednet = dict(dec.get("prednet") or {})
+    if "pred_hidden" not in prednet:
+        raise NemoImportError(f"{path}: {NEMO_CONFIG} has no decoder.prednet.pred_hidden.")
+    pred_hidden, layers = int(prednet["pred_hidden"]), int(prednet.get("pred_rnn_layers", 1))
+    rnn_hidden = int(prednet.get("rnn_hidden_size", -1) or -1)
+    if rnn_hidden > 0 and rnn_hidden != pred_hidden:
+        raise _refuse(path, f"decoder.prednet.rnn_hidden_size is {rnn_hidden}, not pred_hidden {pred_hidden} (an "
+                            "LSTM with a projection)")  # fmt: skip
+    kind = str(joint.get("_target_", "RNNTJoint")).rsplit(".", 1)[-1]
+    if kind != "RNNTJoint":
+        raise _refuse(path, f"joint._target_ is {kind!r} (only RNNTJoint loads)")
+    jointnet = dict(joint.get("jointnet") or {})
+    activation = str(jointnet.get("activation", "relu")).lower()
+    if activation not in JOINT_ACTIVATIONS:
+        raise _refuse(path, f"joint.jointnet.activation is {activation!r}")
+    dropout = float(jointnet.get("dropout", 0.0) or 0.0)
+    loss = dict(nemo_cfg.get("loss") or {})
+    loss_name = str(loss.get("loss_name", "default"))
+    extra = int(joint.get("num_extra_outputs", 0) or 0)
+    config: dict[str, Any] = {}
+    if loss_name == "tdt":
+        kwargs = dict(loss.get("tdt_kwargs") or {})
+        durations = kwargs.get("durations") or (nemo_cfg.get("model_defaults") or {}).get("tdt_durations")
+        if not durations or extra != len(durations):
+            raise NemoImportError(f"{path}: a TDT model needs loss.tdt_kwargs.durations with one entry per "
+                                  f"joint.num_extra_outputs ({extra}); found {durations!r}.")  # fmt: skip
+        config.update(loss="tdt", durations=[int(d) for d in durations], sigma=float(kwargs.get("sigma", 0.0)),
+                      omega=float(kwargs.get("omega", 0.0)))  # fmt: skip
+        fastemit = float(kwargs.get("fastemit_lambda", 0.0) or 0.0)
+    elif loss_name in RNNT_LOSSES:
+        if extra:
+            raise _refuse(path, f"joint.num_extra_outputs is {extra} with the {loss_name!r} RNN-T loss")
+        config["loss"] = "rnnt"
+        fastemit = float(dict(loss.get(f"{loss_name}_kwargs") or {}).get("fastemit_lambda", 0.0) or 0.0)
+    else:
+        raise _refuse(path, f"loss.loss_name is {loss_name!r} (RNN-T and TDT losses load)")
+    if fastemit:
+        notes.append(f"FastEmit (fastemit_lambda={fastemit}) is not applied when fine-tuning here")
+    greedy = dict((nemo_cfg.get("decoding") or {}).get("greedy") or {})
+    max_symbols = greedy.get("max_symbols", greedy.get("max_symbols_per_step"))
+    config.update(
+        hybrid=hybrid,
+        decoder_type="transducer",
+        prediction={"pred_hidden": pred_hidden, "pred_rnn_layers": layers,
+                    "dropout": float(prednet.get("dropout", 0.0) or 0.0)},
+        joint={"joint_hidden": int(jointnet["joint_hidden"]), "activation": JOINT_ACTIVATIONS[activation],
+               "dropout": dropout, "frame_stack": 1},
+        decoding={"strategy": "greedy", "max_symbols": int(max_symbols) if max_symbols else 10},
+    )  # fmt: skip
+    if hybrid:
+        config["ctc_loss_weight"] = float((nemo_cfg.get("aux_ctc") or {}).get("ctc_loss_weight", 0.3))
+    return config, (layers, bool(dropout))
 
 
 # --------------------------------------------------------------------------------------------- weight names
@@ -310,10 +402,13 @@ NORMS = (("norm_feed_forward1", "ff1_norm"), ("norm_self_att", "attn_norm"), ("n
          ("norm_feed_forward2", "ff2_norm"), ("norm_out", "out_norm"))  # fmt: skip
 
 
-def name_pairs(encoder: dict[str, Any], head: str = "decoder") -> list[tuple[str, str, bool]]:
+def name_pairs(
+    encoder: dict[str, Any], head: str | None = "decoder", transducer: tuple[int, bool] | None = None
+) -> list[tuple[str, str, bool]]:
     """``(NeMo name, speechtrain name, is_conv1x1)`` for every tensor both models hold; ``is_conv1x1`` marks NeMo
     Conv1d weights (out, in, 1) that are our linear weights (out, in). Tied relative-position biases are listed for
-    layer 0 only; NeMo's key-projection bias has no counterpart (see the module docstring)."""
+    layer 0 only; NeMo's key-projection bias has no counterpart (see the module docstring). ``head``: the CTC
+    head's prefix (None: no CTC head); ``transducer``: see :class:`NemoModelInfo`."""
     pairs = [("preprocessor.featurizer.window", "preprocessor.window", False),
              ("preprocessor.featurizer.fb", "preprocessor.fb", False)]  # fmt: skip
 
@@ -350,7 +445,17 @@ def name_pairs(encoder: dict[str, Any], head: str = "decoder") -> list[tuple[str
             pairs += [(f"{n}conv.batch_norm.{s}", f"{o}conv.norm.{s}", False)
                       for s in ("running_mean", "running_var", "num_batches_tracked")]  # fmt: skip
         both(n + "conv.pointwise_conv2", o + "conv.pointwise_out.linear", conv=True)
-    both(f"{head}.decoder_layers.0", "decoder", conv=True)
+    if head:
+        both(f"{head}.decoder_layers.0", "decoder", conv=True)
+    if transducer:
+        layers, joint_dropout = transducer
+        pairs.append(("decoder.prediction.embed.weight", "prediction.embed.weight", False))
+        for layer in range(layers):
+            pairs += [(f"decoder.prediction.dec_rnn.lstm.{kind}_l{layer}", f"prediction.lstm.{kind}_l{layer}", False)
+                      for kind in ("weight_ih", "weight_hh", "bias_ih", "bias_hh")]  # fmt: skip
+        both("joint.enc", "joint.enc_proj")
+        both("joint.pred", "joint.pred_proj")
+        both(f"joint.joint_net.{2 if joint_dropout else 1}", "joint.out")  # after the activation (and dropout)
     return pairs
 
 
@@ -370,7 +475,7 @@ def nemo_to_speechtrain(
     out: dict[str, torch.Tensor] = {}
     used: set[str] = set()
     missing = []
-    for nemo, ours, conv in name_pairs(encoder, info.head):
+    for nemo, ours, conv in name_pairs(encoder, info.head, info.transducer):
         tensor = state.get(nemo)
         if tensor is None and not info.use_bias and nemo.startswith("encoder.layers.") and nemo.endswith(".bias"):
             weight = state.get(nemo[: -len("bias")] + "weight")
@@ -390,15 +495,18 @@ def nemo_to_speechtrain(
                 key = f"encoder.layers.{i}.self_attn.pos_bias_{b}"
                 if key in state and not torch.equal(state[key], state[f"encoder.layers.0.self_attn.pos_bias_{b}"]):
                     raise NemoImportError(f"{path}: untie_biases is false but {key} differs from layer 0's.")
-    dropped = [k for k in left if info.hybrid and k.startswith(("decoder.", "joint."))]
-    unknown = [k for k in left if k not in dropped and not _layer_extras(k)]
+    unknown = [k for k in left if not _layer_extras(k)]
     if unknown:
         raise NemoImportError(
-            f"{path}: {NEMO_WEIGHTS} holds {len(unknown)} tensors that a Conformer-CTC model does not have (adapters "
-            f"or another architecture?), e.g. {', '.join(unknown[:4])}."
+            f"{path}: {NEMO_WEIGHTS} holds {len(unknown)} tensors that a {info.model_class} of this config does not "
+            f"have here (adapters or another architecture?), e.g. {', '.join(unknown[:4])}."
         )
-    if dropped:
-        logger.info("%s: left out %d RNN-T decoder/joint tensors of the hybrid model.", path, len(dropped))
+    if "prediction.embed.weight" in out:
+        # NeMo starts the prediction network from a zero vector, and never reads the blank's (padding) row of the
+        # embedding; ours reads that row as the start symbol, so it must be zero (it is, unless the file says other).
+        embed = out["prediction.embed.weight"].clone()
+        embed[-1] = 0.0
+        out["prediction.embed.weight"] = embed
     return out
 
 
@@ -415,7 +523,8 @@ def _artifact(path: Path, members: dict[str, bytes], key: str, value: Any) -> by
 
 
 def read_nemo(path: str | Path) -> Archive:
-    """Read a ``.nemo`` file as the archive of a :class:`~speechtrain.asr.ctc.ConformerCTCModel` (config with
+    """Read a ``.nemo`` file as the archive of a :class:`~speechtrain.asr.ctc.ConformerCTCModel` or, for an RNN-T,
+    TDT or hybrid checkpoint, a :class:`~speechtrain.asr.transducer.ConformerTransducerModel` (config with
     ``_target_``, full state dict, the tokenizer extracted to a temporary folder that lives with the result).
 
     Raises:
@@ -446,16 +555,24 @@ def read_nemo(path: str | Path) -> Archive:
         artifacts["tokenizer.path"] = target
     else:
         tokens = len(config["tokenizer"]["vocab"])
-    outputs = weights["decoder.weight"].shape[0]
-    if outputs != tokens + 1:
-        raise NemoImportError(f"{path}: the CTC head has {outputs} outputs but the tokenizer has {tokens} tokens "
-                              "(expected tokens + 1, the blank last).")  # fmt: skip
+    if "decoder.weight" in weights and weights["decoder.weight"].shape[0] != tokens + 1:
+        raise NemoImportError(f"{path}: the CTC head has {weights['decoder.weight'].shape[0]} outputs but the "
+                              f"tokenizer has {tokens} tokens (expected tokens + 1, the blank last).")  # fmt: skip
+    if info.transducer:
+        extra = len(config["durations"]) if config["loss"] == "tdt" else 0
+        outputs, rows = weights["joint.out.weight"].shape[0], weights["prediction.embed.weight"].shape[0]
+        if outputs != tokens + 1 + extra or rows != tokens + 1:
+            raise NemoImportError(f"{path}: the joint has {outputs} outputs and the prediction network embeds {rows} "
+                                  f"symbols, but the tokenizer has {tokens} tokens (expected tokens + 1 + {extra} "
+                                  f"durations, and tokens + 1).")  # fmt: skip
     for note in info.notes:
         logger.warning("%s: %s.", path, note)
-    logger.info("Imported NeMo %s from %s: %d layers, d_model %d, %s x%d, %d tokens.", info.model_class, path,
+    decoder = f", {config['loss'].upper()} decoder" if info.transducer else ""
+    logger.info("Imported NeMo %s from %s: %d layers, d_model %d, %s x%d, %d tokens%s.", info.model_class, path,
                 config["encoder"]["num_layers"], config["encoder"]["d_model"], config["encoder"]["subsampling"],
-                config["encoder"]["subsampling_factor"], tokens)  # fmt: skip
-    return Archive({"_target_": TARGET, **config}, weights, artifacts, None, artifact_dir)
+                config["encoder"]["subsampling_factor"], tokens, decoder)  # fmt: skip
+    target = TRANSDUCER_TARGET if info.transducer else TARGET
+    return Archive({"_target_": target, **config}, weights, artifacts, None, artifact_dir)
 
 
 MODEL_FILE_READERS[".nemo"] = read_nemo

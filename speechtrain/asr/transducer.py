@@ -55,7 +55,7 @@ logger = logging.getLogger(__name__)
 
 LOSSES = ("rnnt", "tdt")
 DECODERS = ("transducer", "ctc")
-ACTIVATIONS = {"relu": torch.relu, "tanh": torch.tanh, "silu": F.silu}
+ACTIVATIONS = {"relu": torch.relu, "tanh": torch.tanh, "silu": F.silu, "sigmoid": torch.sigmoid}
 
 
 @dataclass
@@ -98,7 +98,7 @@ class JointConfig:
 
     Attributes:
         joint_hidden: width of the joint's hidden layer.
-        activation: ``relu``, ``tanh`` or ``silu``.
+        activation: ``relu``, ``tanh``, ``silu`` or ``sigmoid``.
         dropout: dropout after the activation.
         fused_batch_size: utterances whose joint and loss terms are computed at once (0: the whole batch).
         frame_stack: the transducer reads this many consecutive encoder frames as one, concatenated (2 on a 40 ms

@@ -169,6 +169,10 @@ def prepare_salm_config(model_cfg: Any) -> None:
                              "self_conditioning): its encoder needs its CTC head between layers, which the perception "
                              "does not run; use an ASR model trained without it.")  # fmt: skip
         if model_cfg.perception.compression == "ctc":
+            if "decoder.weight" not in archive.state_dict:
+                raise ValueError(f"model.perception.asr_model={asr}: compression=ctc needs the ASR model's CTC head, "
+                                 "and this one has none (a transducer without a hybrid CTC head); set "
+                                 "model.perception.compression=none, or use a CTC or hybrid model.")  # fmt: skip
             model_cfg.perception.ctc_vocab = int(archive.state_dict["decoder.weight"].shape[0])
         model_cfg.perception.preprocessor = OmegaConf.merge(model_cfg.perception.preprocessor, stored["preprocessor"])
         model_cfg.perception.encoder = OmegaConf.merge(model_cfg.perception.encoder, stored["encoder"])

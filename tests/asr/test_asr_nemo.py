@@ -20,6 +20,7 @@ from safetensors.torch import load_file
 
 from speechtrain.asr.ctc import ConformerCTCModel
 from speechtrain.asr.nemo_import import NemoImportError, load_weights, read_members
+from speechtrain.asr.transducer import ConformerTransducerModel
 from speechtrain.core.model import SpeechModel
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "nemo"
@@ -44,6 +45,8 @@ def max_difference(model: torch.nn.Module, name: str) -> float:
     audio, lengths = fixture_batch()
     with torch.no_grad():
         log_probs, out_lengths = model.eval()(audio, lengths)
+        if isinstance(model, ConformerTransducerModel):  # a hybrid: the encoder's output, read by its CTC head
+            log_probs = model.ctc_log_probs(log_probs)
     assert out_lengths.tolist() == expected["lengths"].tolist()
     assert log_probs.shape == expected["log_probs"].shape
     return max((log_probs[i, :n] - expected["log_probs"][i, :n]).abs().max().item()
@@ -60,8 +63,9 @@ def test_log_probs_equal_nemos_on_every_fixture(name, caplog):
     assert diff < 1e-4
     expected = load_file(FIXTURES / f"{name}.expected.safetensors")["log_probs"]
     assert expected[0, :4].max() - expected[0, :4].min() > 1.0  # informative outputs, not a flat distribution
-    if name == "fastconformer_hybrid":
-        assert "its CTC branch (ctc_decoder) is loaded; the RNN-T decoder and joint are left out" in caplog.text
+    if name == "fastconformer_hybrid":  # the whole hybrid: its transducer is checked in test_asr_nemo_transducer.py
+        assert isinstance(model, ConformerTransducerModel) and model.cfg.hybrid and model.cfg.loss == "rnnt"
+        assert "EncDecHybridRNNTCTCBPEModel" in caplog.text and "RNNT decoder" in caplog.text
 
 
 def test_the_nemo_front_end_is_what_makes_them_equal():
@@ -127,21 +131,20 @@ def test_export_round_trips_with_nemos_names(name, tmp_path):
     original = load_weights(FIXTURES, read_members(FIXTURES / f"{name}.nemo")["model_weights.ckpt"])
     members = read_members(tmp_path / "out.nemo")
     exported = load_weights(tmp_path, members["model_weights.ckpt"])
-    ctc_only = original
-    if name == "fastconformer_hybrid":  # exported as a CTC model: its CTC branch becomes the decoder
-        ctc_only = {k.replace("ctc_decoder.", "decoder."): v for k, v in original.items()
-                    if not k.startswith(("decoder.", "joint."))}  # fmt: skip
-    assert {k: tuple(v.shape) for k, v in exported.items()} == {k: tuple(v.shape) for k, v in ctc_only.items()}
+    assert {k: tuple(v.shape) for k, v in exported.items()} == {k: tuple(v.shape) for k, v in original.items()}
     for key, tensor in exported.items():
         if not key.endswith("linear_k.bias"):  # dropped on import (softmax ignores it), written as zeros
-            assert torch.equal(tensor, ctc_only[key]), key
+            assert torch.equal(tensor, original[key]), key
     config = yaml.safe_load(members["model_config.yaml"])
-    assert config["target"] == "nemo.collections.asr.models.ctc_bpe_models.EncDecCTCModelBPE"
+    nemo_class = "hybrid_rnnt_ctc_bpe_models.EncDecHybridRNNTCTCBPEModel" if "hybrid" in name else \
+        "ctc_bpe_models.EncDecCTCModelBPE"  # fmt: skip
+    assert config["target"] == f"nemo.collections.asr.models.{nemo_class}"
     assert config["tokenizer"]["model_path"] == "nemo:tokenizer.model" and "tokenizer.model" in members
     again = SpeechModel.restore_from(tmp_path / "out.nemo").eval()
     audio, lengths = fixture_batch()
     with torch.no_grad():
         assert torch.equal(again(audio, lengths)[0], model(audio, lengths)[0])
+    assert type(again) is type(model)
 
 
 def test_export_command_line_and_refusals(tmp_path, capsys):
@@ -199,8 +202,6 @@ def _config_edit(change):
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        (lambda c: c.update(target="nemo.collections.asr.models.rnnt_bpe_models.EncDecRNNTBPEModel"),
-         "EncDecRNNTBPEModel \\(an RNN-T-only model"),
         (lambda c: c.update(target="nemo.collections.tts.models.fastpitch.FastPitchModel"), "holds a FastPitchModel"),
         (lambda c: c["encoder"].update(att_context_size=[70, 13]), r"att_context_size is \[70, 13\]"),
         (lambda c: c["encoder"].update(self_attention_model="rel_pos_local_attn"), "'rel_pos_local_attn'"),
