@@ -1,6 +1,8 @@
 """NeMo training YAMLs, translated into speechtrain's config: never imported, refused key by key.
 
-A NeMo ASR config (e.g. ``fast-conformer_ctc_bpe.yaml``) names NeMo classes (``_target_:
+A NeMo ASR config (e.g. ``fast-conformer_ctc_bpe.yaml``, or a transducer's: ``fast-conformer_transducer_bpe.yaml``,
+``fastconformer_hybrid_tdt_ctc_bpe.yaml``, which build a :class:`~speechtrain.asr.transducer.ConformerTransducerModel`)
+names NeMo classes (``_target_:
 nemo.collections.asr.modules.ConformerEncoder``) and uses NeMo's key names (``n_layers``, ``n_heads``, ``feat_in``,
 ``tokenizer.dir``, ``optim.sched.name: CosineAnnealing``, ``trainer.strategy: ddp``). The Hydra runner composes it
 as usual (overrides in NeMo's names), then :func:`translate_nemo_config` rewrites it into speechtrain's keys:
@@ -35,6 +37,8 @@ TARGETS = {
     "spec_augment": ("SpectrogramAugmentation",),
     "encoder": ("ConformerEncoder",),
     "decoder": ("ConvASRDecoder",),
+    "prediction network": ("RNNTDecoder",),
+    "joint": ("RNNTJoint",),
 }
 
 
@@ -181,6 +185,8 @@ _ENCODER = {
     "stochastic_depth_mode": ("drop", "stochastic depth is off"),
     "stochastic_depth_start_layer": ("drop", "stochastic depth is off"),
     "reduction": ("same", _same(None, why="intermediate reduction is not implemented"), "none"),
+    "reduction_position": ("same", _same(None, why="intermediate reduction is not implemented"), "none"),
+    "reduction_factor": ("same", _same(1, why="intermediate reduction is not implemented"), "none"),
     "global_tokens": ("same", _same(0, why="global tokens are not implemented"), "none"),
     "global_tokens_spacing": ("drop", "no global tokens"),
     "global_attn_separate": ("same", _same(False, why="global attention is not implemented"), "none"),
@@ -190,6 +196,114 @@ _DECODER = {
     "feat_in": ("drop", "the encoder's d_model"),
     "num_classes": ("drop", "the tokenizer's vocabulary size + 1 (blank last)"),
     "vocabulary": ("drop", "the tokenizer's vocabulary"),
+}
+
+# Transducers (NeMo's RNNTDecoder, RNNTJoint, loss, decoding and, for hybrids, aux_ctc).
+RNNT_LOSSES = ("default", "warprnnt", "warprnnt_numba", "pytorch", "graph_rnnt")
+_INIT = "an initialisation detail (the LSTM starts from torch's default)"
+_PREDNET = {
+    "pred_hidden": ("map", "prediction.pred_hidden", None),
+    "pred_rnn_layers": ("map", "prediction.pred_rnn_layers", None),
+    "dropout": ("map", "prediction.dropout", None),
+    "t_max": ("same", _null_or(why="chrono initialisation is not implemented"), "default initialisation"),
+    "forget_gate_bias": ("drop", _INIT),
+    "weights_init_scale": ("drop", _INIT),
+    "hidden_hidden_bias_scale": ("drop", _INIT),
+    "rnn_hidden_size": ("same", _same(-1, None, why="an LSTM with a projection is not implemented"), "pred_hidden"),
+}
+_RNNT_DECODER = {
+    "normalization_mode": ("same", _same(None, why="a layer-normalised LSTM is not implemented"), "plain LSTM"),
+    "random_state_sampling": ("same", _same(False, why="the LSTM starts from a zero state"), "zero state"),
+    "blank_as_pad": ("same", _same(True, why="the blank is the embedding's zero padding row"), "blank as padding"),
+    "vocab_size": ("drop", "the tokenizer's vocabulary"),
+}
+
+
+def _joint_activation(value: Any) -> str:
+    names = {"relu": "relu", "tanh": "tanh", "sigmoid": "sigmoid", "swish": "silu", "silu": "silu"}
+    if str(value).lower() not in names:
+        raise _Refuse(f"speechtrain's joint supports {', '.join(names)}")
+    return names[str(value).lower()]
+
+
+_JOINT = {
+    "log_softmax": ("drop", "the loss and the decoders take their own log-softmax"),
+    "preserve_memory": ("drop", "sub-batches (fused_batch_size) bound the joint's memory"),
+    "fuse_loss_wer": ("drop", "the joint and the loss always run in sub-batches of joint.fused_batch_size"),
+    "experimental_fuse_loss_wer": ("drop", "the joint and the loss always run in sub-batches"),
+    "fused_batch_size": ("map", "joint.fused_batch_size", lambda v: 0 if v is None or v < 1 else v),
+    "num_classes": ("drop", "the tokenizer's vocabulary size + 1 (blank last)"),
+    "vocabulary": ("drop", "the tokenizer's vocabulary"),
+    "num_extra_outputs": ("drop", "one duration logit per entry of model.durations (TDT)"),
+}
+_JOINTNET = {
+    "joint_hidden": ("map", "joint.joint_hidden", None),
+    "activation": ("map", "joint.activation", _joint_activation),
+    "dropout": ("map", "joint.dropout", None),
+    "encoder_hidden": ("drop", "the encoder's d_model"),
+    "pred_hidden": ("drop", "model.prediction.pred_hidden"),
+}
+_LOSS_KWARGS = {
+    "durations": ("map", "durations", list),
+    "sigma": ("map", "sigma", None),
+    "omega": ("map", "omega", None),
+    "fastemit_lambda": ("same", _same(0, 0.0, why="FastEmit is not implemented"), "off"),
+    "clamp": ("same", _same(-1, -1.0, None, why="clamping the joint's gradients is not implemented"), "off"),
+}
+
+
+def _decoding_strategy(value: Any) -> str:
+    if value in ("greedy", "greedy_batch"):
+        return "greedy"
+    if value in (
+        "beam",
+        "beam_batch",
+        "maes",
+        "maes_batch",
+        "tsd",
+        "alsd",
+        "malsd_batch",
+        "flashlight",
+        "pyctcdecode",
+    ):
+        return "beam"
+    raise _Refuse("speechtrain decodes greedy or with its beam search (beam)")
+
+
+_DECODING = {
+    "strategy": ("map", "decoding.strategy", _decoding_strategy),
+    "model_type": ("same", _one_of("rnnt", "tdt"), "from model.loss"),
+    "durations": ("drop", "model.durations"),
+    "preserve_alignments": ("drop", "word timestamps come from transcribe_with_timestamps"),
+    "compute_timestamps": ("drop", "word timestamps come from transcribe_with_timestamps"),
+    "confidence_cfg": ("drop", "no confidence estimation"),
+}
+_GREEDY = {
+    "max_symbols": ("map", "decoding.max_symbols", None),
+    "max_symbols_per_step": ("map", "decoding.max_symbols", None),
+    "loop_labels": ("drop", "greedy decoding is always batched (all utterances advance together)"),
+    "use_cuda_graph_decoder": ("drop", "greedy decoding is always batched"),
+    "preserve_alignments": ("drop", "word timestamps come from transcribe_with_timestamps"),
+}
+_BEAM = {"beam_size": ("map", "decoding.beam_size", None),
+         "beam_alpha": ("map", "decoding.lm_weight", None),
+         "beam_beta": ("map", "decoding.word_score", None),
+         "kenlm_path": ("same", _null_or(why="the beam search reads an ARPA word n-gram LM: decoding.lm_path"),
+                        "no LM"),
+         **{k: ("drop", "a detail of NeMo's beam searches; speechtrain runs one beam search (with an optional word "
+                        "n-gram LM: decoding.lm_path)")
+            for k in ("return_best_hypothesis", "score_norm", "tsd_max_sym_exp", "alsd_max_target_len",
+                      "maes_num_steps", "maes_prefix_alpha", "maes_expansion_beta", "maes_expansion_gamma",
+                      "softmax_temperature", "search_type", "preserve_alignments")}}  # fmt: skip
+_AUX_CTC = {
+    "ctc_loss_weight": ("map", "ctc_loss_weight", None),
+    "use_cer": ("drop", "validation logs WER and CER of every validation set"),
+    "ctc_reduction": ("drop", "the hybrid's CTC term is reduced as its transducer term (model.rnnt_reduction)"),
+    "decoding": ("drop", "the CTC head decodes with model.decoding when model.decoder_type=ctc"),
+}
+_MODEL_DEFAULTS = {
+    key: ("drop", "read where it is used (NeMo's configs interpolate it)")
+    for key in ("enc_hidden", "pred_hidden", "joint_hidden", "tdt_durations", "num_tdt_durations")
 }
 
 _SCHED = {
@@ -370,12 +484,14 @@ _INTERCTC = {key: ("map", key, lambda value: list(value or [])) for key in ("los
 
 def _model(t: _Translator, model: Mapping[str, Any]) -> None:
     handled = {"preprocessor", "spec_augment", "encoder", "decoder", "tokenizer", "optim", "interctc", "train_ds",
-               "validation_ds", "test_ds"}  # fmt: skip
+               "validation_ds", "test_ds", "joint", "loss", "decoding", "aux_ctc", "model_defaults"}  # fmt: skip
     simple = {
         "sample_rate": ("map", "sample_rate", None),
         "ctc_reduction": ("map", "ctc_reduction", _one_of("mean_volume", "mean_batch")),
+        "rnnt_reduction": ("map", "ctc_reduction", _one_of("mean_volume", "mean_batch")),  # the whole loss's
         "log_prediction": ("drop", "validation logs WER and CER of every validation set"),
         "skip_nan_grad": ("drop", "a step with non-finite gradients is always skipped on every rank"),
+        "compute_eval_loss": ("drop", "validation computes WER and CER, not the loss"),
     }
     t.apply({k: v for k, v in model.items() if k not in handled}, simple, "model", "model")
     for name in ("train_ds", "validation_ds"):
@@ -393,7 +509,11 @@ def _model(t: _Translator, model: Mapping[str, Any]) -> None:
     t.module(encoder, "encoder", _ENCODER, "model.encoder")
     if encoder is not None:
         _check_encoder(t, encoder, model.get("preprocessor") or {})
-    t.module(model.get("decoder"), "decoder", _DECODER, "model.decoder")
+    if "joint" in model or "loss" in model:
+        _transducer(t, model)
+    else:
+        t.module(model.get("decoder"), "decoder", _DECODER, "model.decoder")
+        _decoding(t, model.get("decoding"))
     _tokenizer(t, model.get("tokenizer"))
     t.apply(model.get("interctc") or {}, _INTERCTC, "model.interctc", "model.interctc")
     optim = dict(model.get("optim") or {})
@@ -404,6 +524,56 @@ def _model(t: _Translator, model: Mapping[str, Any]) -> None:
         t.lines.append("nemo: model.optim.sched is absent -> model.optim.sched.name=constant")
     elif sched is not None:
         t.apply(sched, _SCHED, "model.optim.sched", "model")
+
+
+def _decoding(t: _Translator, decoding: Mapping[str, Any] | None) -> None:
+    """NeMo's ``decoding`` (CTC or transducer): the strategy, greedy's ``max_symbols``, the beam size."""
+    decoding = dict(decoding or {})
+    greedy, beam = decoding.pop("greedy", None), decoding.pop("beam", None)
+    t.apply(decoding, _DECODING, "model.decoding", "model")
+    t.apply(greedy or {}, _GREEDY, "model.decoding.greedy", "model")
+    t.apply(beam or {}, _BEAM, "model.decoding.beam", "model")
+
+
+def _transducer(t: _Translator, model: Mapping[str, Any]) -> None:
+    """A transducer's sections: the prediction network (``decoder``), ``joint``, ``loss``, ``decoding``,
+    ``model_defaults`` and, for a hybrid, ``aux_ctc`` (its CTC head)."""
+    if "rnnt_reduction" not in model:
+        t.set("model.ctc_reduction", "mean_batch")
+        t.lines.append("nemo: model.rnnt_reduction is absent -> model.ctc_reduction=mean_batch (NeMo's default)")
+    decoder = model.get("decoder")
+    if decoder is not None:
+        decoder = dict(decoder)
+        prednet = decoder.pop("prednet", None) or {}
+        t.module(decoder, "prediction network", _RNNT_DECODER, "model.decoder", "model")
+        t.apply(prednet, _PREDNET, "model.decoder.prednet", "model")
+    joint = model.get("joint")
+    if joint is not None:
+        joint = dict(joint)
+        jointnet = joint.pop("jointnet", None) or {}
+        t.module(joint, "joint", _JOINT, "model.joint", "model")
+        t.apply(jointnet, _JOINTNET, "model.joint.jointnet", "model")
+    loss = dict(model.get("loss") or {})
+    name = loss.pop("loss_name", "default")
+    if name == "tdt" or name in RNNT_LOSSES:
+        ours = "tdt" if name == "tdt" else "rnnt"
+        t.set("model.loss", ours)
+        t.lines.append(f"nemo: model.loss.loss_name={name} -> model.loss={ours}")
+    else:
+        t.refuse("model.loss.loss_name", name, "speechtrain's transducer losses are RNN-T (default) and TDT (tdt)")
+    for key, value in loss.items():
+        if key.endswith("_kwargs") and isinstance(value, Mapping):
+            t.apply(value, _LOSS_KWARGS, f"model.loss.{key}", "model")
+        else:
+            t.refuse(f"model.loss.{key}", value, "no speechtrain equivalent (unknown key)")
+    _decoding(t, model.get("decoding"))
+    t.apply(model.get("model_defaults") or {}, _MODEL_DEFAULTS, "model.model_defaults", "model")
+    aux = dict(model.get("aux_ctc") or {})
+    t.set("model.hybrid", bool(aux))
+    t.lines.append(f"nemo: model.aux_ctc {'is set' if aux else 'is absent'} -> model.hybrid={bool(aux)}")
+    head = aux.pop("decoder", None)
+    t.apply(aux, _AUX_CTC, "model.aux_ctc", "model")
+    t.module(head, "decoder", _DECODER, "model.aux_ctc.decoder", "model.decoder")
 
 
 def _check_encoder(t: _Translator, encoder: Mapping[str, Any], preprocessor: Mapping[str, Any]) -> None:
@@ -446,6 +616,9 @@ def _trainer(t: _Translator, trainer: Mapping[str, Any]) -> None:
     for key, value in trainer.items():
         where = f"trainer.{key}"
         if key == "strategy":
+            target = str(value.get("_target_", "")) if isinstance(value, Mapping) else ""
+            if target.rsplit(".", 1)[-1] == "DDPStrategy":  # NeMo's newer YAMLs: DDPStrategy and its arguments
+                value = "ddp"
             if value in ("ddp", "auto", "ddp_find_unused_parameters_true", None):
                 t.set(where, {})
                 t.lines.append(f"nemo: {where}={value} -> {where}={{}} (the Megatron bridge with TP=PP=1: data "

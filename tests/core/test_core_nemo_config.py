@@ -1,4 +1,5 @@
-"""NeMo training YAMLs are translated key by key (never imported) and build our model."""
+"""NeMo training YAMLs (CTC, and the transducers: RNN-T, TDT, hybrid) are translated key by key (never imported) and
+build our model."""
 
 import logging
 import subprocess
@@ -10,6 +11,7 @@ import torch
 
 from speechtrain.asr.ctc import ConformerCTCConfig, ConformerCTCModel
 from speechtrain.asr.tokenizers import train_sentencepiece
+from speechtrain.asr.transducer import ConformerTransducerConfig, ConformerTransducerModel
 from speechtrain.core.config import ConfigError
 from speechtrain.core.hydra_runner import compose_config
 from speechtrain.core.job import train_job_schema
@@ -105,3 +107,67 @@ def test_the_training_script_takes_a_nemo_yaml_and_prints_the_translated_config(
     assert result.returncode == 0, result.stderr
     assert "num_layers: 2" in result.stdout and "n_layers" not in result.stdout
     assert "nemo: model.encoder.n_layers=2 -> model.encoder.num_layers=2" in result.stderr
+
+
+# ------------------------------------------------------------------------------------------------ transducers
+HYBRID_TDT = "fastconformer_hybrid_tdt_ctc_bpe"
+TRANSDUCER_SCHEMA = train_job_schema(ConformerTransducerConfig)
+
+
+def test_the_published_hybrid_tdt_ctc_yaml_translates_into_a_transducer(tokenizer_dir, caplog):
+    overrides = [f"model.tokenizer.dir={tokenizer_dir}", "model.train_ds.manifest_filepath=train.json",
+                 "model.validation_ds.manifest_filepath=dev.json"]  # fmt: skip
+    with caplog.at_level(logging.INFO, logger="speechtrain.core.nemo_config"):
+        cfg = compose_config(CONF, HYBRID_TDT, overrides, TRANSDUCER_SCHEMA)
+    model = cfg.model
+    assert (model.loss, model.durations, model.sigma, model.omega) == ("tdt", [0, 1, 2, 3, 4], 0.02, 0.1)
+    assert model.hybrid is True and model.ctc_loss_weight == 0.3 and model.ctc_reduction == "mean_batch"
+    assert (model.prediction.pred_hidden, model.prediction.pred_rnn_layers, model.prediction.dropout) == (640, 1, 0.2)
+    joint = model.joint
+    assert (joint.joint_hidden, joint.activation, joint.dropout, joint.fused_batch_size, joint.frame_stack) == (
+        640, "relu", 0.2, 4, 1)  # fmt: skip
+    assert (model.decoding.strategy, model.decoding.max_symbols, model.decoding.beam_size) == ("greedy", 10, 2)
+    assert model.encoder.num_layers == 17 and model.preprocessor.n_mels == 128
+    assert cfg.trainer.strategy == {} and cfg.name == "FastConformer-Hybrid-TDT-CTC-BPE"
+    lines = [r.getMessage() for r in caplog.records]
+    assert "nemo: model.loss.loss_name=tdt -> model.loss=tdt" in lines
+    assert "nemo: model.decoder.prednet.pred_hidden=640 -> model.prediction.pred_hidden=640" in lines
+    assert "nemo: model.joint.jointnet.joint_hidden=640 -> model.joint.joint_hidden=640" in lines
+    assert any(line.startswith("nemo: model.aux_ctc is set -> model.hybrid=True") for line in lines)
+    assert any(line.startswith("nemo: trainer.strategy=ddp -> trainer.strategy={}") for line in lines)
+    from speechtrain.asr.transducer import asr_model_class
+
+    assert asr_model_class(model) is ConformerTransducerModel
+
+
+def test_a_plain_rnnt_yaml_and_the_transducer_refusals(tokenizer_dir):
+    base = [f"model.tokenizer.dir={tokenizer_dir}", "~model.aux_ctc", "model.loss.loss_name=default"]
+    cfg = compose_config(CONF, HYBRID_TDT, base + ["~model.loss.tdt_kwargs", "~model.joint.num_extra_outputs",
+                                                   "model.decoding.model_type=rnnt"], TRANSDUCER_SCHEMA)  # fmt: skip
+    assert cfg.model.loss == "rnnt" and cfg.model.hybrid is False
+    bad = [f"model.tokenizer.dir={tokenizer_dir}", "model.loss.tdt_kwargs.fastemit_lambda=0.001",
+           "model.decoder.normalization_mode=layer", "model.joint.jointnet.activation=gelu",
+           "+model.decoder.prednet.rnn_hidden_size=1024", "model.decoding.strategy=wfst"]  # fmt: skip
+    with pytest.raises(ConfigError) as error:
+        compose_config(CONF, HYBRID_TDT, bad, TRANSDUCER_SCHEMA)
+    message = str(error.value)
+    for culprit in ("model.loss.tdt_kwargs.fastemit_lambda=0.001: FastEmit is not implemented",
+                    "model.decoder.normalization_mode=layer", "model.joint.jointnet.activation=gelu",
+                    "model.decoder.prednet.rnn_hidden_size=1024", "model.decoding.strategy=wfst"):  # fmt: skip
+        assert culprit in message
+    assert "5 setting(s)" in message
+    with pytest.raises(ConfigError, match="model.loss.loss_name=multiblank_rnnt"):
+        compose_config(CONF, HYBRID_TDT, [f"model.tokenizer.dir={tokenizer_dir}",
+                                          "model.loss.loss_name=multiblank_rnnt"], TRANSDUCER_SCHEMA)  # fmt: skip
+
+
+def test_the_training_script_picks_the_transducer_for_a_nemo_transducer_yaml(tokenizer_dir):
+    script = Path(__file__).parents[2] / "examples" / "asr_train.py"
+    result = subprocess.run(
+        [sys.executable, str(script), "--config-path", str(CONF), "--config-name", HYBRID_TDT, "--cfg",
+         f"model.tokenizer.dir={tokenizer_dir}", "model.decoder.prednet.pred_rnn_layers=2"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "loss: tdt" in result.stdout and "pred_rnn_layers: 2" in result.stdout and "prednet" not in result.stdout
+    assert "nemo: model.decoder.prednet.pred_rnn_layers=2 -> model.prediction.pred_rnn_layers=2" in result.stderr
