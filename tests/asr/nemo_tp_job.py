@@ -2,7 +2,8 @@
 
 As in examples/asr_finetune.py, the pretrained model is restored before the parallel layout exists (full weights);
 the fine-tuning model is built under TP and each rank takes its slices. Rank 0 writes ``<out>`` (JSON): the TP
-size, the number of sliced parameters and the largest difference of the model's log-probs from NeMo's.
+size, the number of sliced parameters and the largest difference of the model's log-probs from NeMo's (for a
+transducer, of its joint's logits on the fixture's labels).
 
     torchrun --nproc_per_node=2 tests/asr/nemo_tp_job.py tests/fixtures/nemo/conformer_ctc.nemo out.json
 """
@@ -46,10 +47,14 @@ def main() -> None:
     for i, wave in enumerate(waves):
         audio[i, : len(wave)] = wave
     expected = load_file(nemo.with_name(nemo.stem + ".expected.safetensors"))
+    key = "joint_logits" if hasattr(model, "joint") else "log_probs"
     with torch.no_grad():
-        log_probs, out_lengths = model(audio, lengths)
+        outputs, out_lengths = model(audio, lengths)
+        if key == "joint_logits":  # the encoder's output (whole on every rank) through the replicated joint
+            pred = model.prediction(expected["labels"])
+            outputs = model.joint(model.joint.enc_proj(outputs)[:, :, None], model.joint.pred_proj(pred)[:, None])
     assert out_lengths.tolist() == expected["lengths"].tolist()
-    diff = max((log_probs[i, :n] - expected["log_probs"][i, :n]).abs().max().item()
+    diff = max((outputs[i, :n] - expected[key][i, :n]).abs().max().item()
                for i, n in enumerate(out_lengths.tolist()))  # fmt: skip
     if dist.get_rank() == 0:
         out.write_text(json.dumps({"tp": mpu.get_tensor_model_parallel_world_size(), "sharded": sharded,
