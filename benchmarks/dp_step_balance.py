@@ -34,6 +34,8 @@ from pathlib import Path
 
 import numpy as np
 
+from speechtrain.lightning.launch import fresh_launch_env
+
 ROOT = Path(__file__).resolve().parents[1]
 ENV = "SPEECHTRAIN_DP_BALANCE_DIR"
 HOOKS = Path(__file__).resolve().parent / "dp_step_balance_hooks"  # its sitecustomize.py
@@ -99,9 +101,7 @@ def main(argv: list[str] | None = None) -> None:
         folder = Path(folder)
         path = os.pathsep.join([str(HOOKS), str(ROOT), os.environ.get("PYTHONPATH", "")])
         # A run of its own: no rendezvous inherited from a caller's process group (its port may still be held).
-        inherited = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK", "NODE_RANK", "LOCAL_WORLD_SIZE")
-        env = {key: value for key, value in os.environ.items() if key not in inherited}
-        env.update({ENV: str(folder), "OMP_WAIT_POLICY": "PASSIVE", "PYTHONPATH": path})
+        env = fresh_launch_env(**{ENV: str(folder), "OMP_WAIT_POLICY": "PASSIVE", "PYTHONPATH": path})
         if args.preload:
             env["LD_PRELOAD"] = args.preload
         command = [sys.executable, str(ROOT / "examples" / "asr_train.py"), "--config-name", args.recipe,

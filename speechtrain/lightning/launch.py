@@ -14,7 +14,21 @@ from pathlib import Path
 from speechtrain.lightning.slurm import is_slurm_interactive_mode
 
 _RANK_VARIABLES = ("RANK", "LOCAL_RANK", "NODE_RANK", "GROUP_RANK")
+# What a launch leaves in its processes' environment: the rendezvous and ranks (torchrun, Lightning's launcher),
+# Lightning's PL_* settings (its global seed, ...) and the run folder shared by the ranks (exp_manager's VERSION_ENV).
+LAUNCH_VARIABLES = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "LOCAL_WORLD_SIZE", *_RANK_VARIABLES,
+                    "SPEECHTRAIN_EXP_VERSION")  # fmt: skip
 BUILD_TIMEOUT_ENV = "SPEECHTRAIN_BUILD_TIMEOUT"
+
+
+def fresh_launch_env(**extra: str) -> dict[str, str]:
+    """This process's environment for starting a new, independent multi-process run (``torchrun``, a training
+    script that launches its own ranks), plus ``extra``: without what an earlier run in this process left
+    (:data:`LAUNCH_VARIABLES` and ``PL_*``). Inherited, they would join the new run to the old rendezvous, whose port
+    may still be held, or give it the old run's ranks, seed or run folder."""
+    env = {k: v for k, v in os.environ.items() if k not in LAUNCH_VARIABLES and not k.startswith("PL_")}
+    env.update(extra)
+    return env
 
 
 def launched_by_slurm() -> bool:

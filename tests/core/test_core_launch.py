@@ -82,3 +82,14 @@ def test_torchrun_ranks_without_a_rendezvous_id_share_the_name_rank_zero_made(tm
     assert launch.shared_name(tmp_path, lambda: "2026-12-01_10-00-00") == "2026-12-01_10-00-00"
     monkeypatch.setenv("RANK", "1")  # another node: it reads rank 0's name instead of making its own
     assert launch.shared_name(tmp_path, lambda: pytest.fail("rank 1 must not name the run")) == "2026-12-01_10-00-00"
+
+
+def test_a_fresh_launch_environment_drops_what_an_earlier_launch_left(monkeypatch):
+    from speechtrain.lightning.launch import fresh_launch_env
+
+    for name, value in (("MASTER_PORT", "29511"), ("RANK", "1"), ("LOCAL_WORLD_SIZE", "2"), ("PL_GLOBAL_SEED", "7"),
+                        ("SPEECHTRAIN_EXP_VERSION", "v1"), ("KEEP_ME", "yes")):  # fmt: skip
+        monkeypatch.setenv(name, value)
+    env = fresh_launch_env(OMP_NUM_THREADS="1")
+    assert env["KEEP_ME"] == "yes" and env["OMP_NUM_THREADS"] == "1"
+    assert not {"MASTER_PORT", "RANK", "LOCAL_WORLD_SIZE", "PL_GLOBAL_SEED", "SPEECHTRAIN_EXP_VERSION"} & set(env)

@@ -1,7 +1,6 @@
 """Generation under tensor parallelism: every TP rank samples the same tokens and leaves the loop at the same step,
 even when their random streams differ (issue 26). A regression fails on the timeout instead of hanging CI."""
 
-import os
 import socket
 import subprocess
 import sys
@@ -9,6 +8,8 @@ from pathlib import Path
 
 import pytest
 import torch
+
+from speechtrain.lightning.launch import fresh_launch_env
 
 JOB = Path(__file__).with_name("generation_tp_job.py")
 
@@ -26,9 +27,7 @@ def test_tp_ranks_with_different_random_streams_generate_the_same_and_stop_toget
 
     texts = ["1 2 3 4 5 6 7 8 9 0", "Transcribe the audio.", "What is the last digit?", "0 9 8 7 6 5 4 3 2 1"] * 20
     train_bpe_tokenizer(texts, 300, get_template("llama3").special_tokens).save(tmp_path / "tok")
-    launch = ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE", "NODE_RANK", "GROUP_RANK")
-    env = {k: v for k, v in os.environ.items() if k not in launch}
-    env.update(OMP_WAIT_POLICY="PASSIVE", OMP_NUM_THREADS="1")
+    env = fresh_launch_env(OMP_WAIT_POLICY="PASSIVE", OMP_NUM_THREADS="1")
     out = tmp_path / "generated"
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={_free_port()}",
                str(JOB), "--out", str(out), "--manifest", str(dtmf_manifest),

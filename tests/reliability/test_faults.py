@@ -23,6 +23,7 @@ from speechtrain.core.archive import ArchiveError, read_archive, write_archive
 from speechtrain.data.manifest import ManifestError, read_nemo_manifest
 from speechtrain.lightning import BaseCallback, CallbackGroup, checkpoint
 from speechtrain.lightning.fault_tolerance import PREEMPTED_EXIT_CODE, NonFiniteLossError
+from speechtrain.lightning.launch import fresh_launch_env
 
 JOB = Path(__file__).with_name("fault_job.py")
 ROOT = Path(__file__).resolve().parents[2]
@@ -157,11 +158,8 @@ def test_preemption_signal_saves_at_the_step_boundary_and_the_rerun_ends_identic
 
 def _run_job(args, env_extra, timeout=240):
     # A fresh process group: nothing of an earlier in-process run's rendezvous (MASTER_PORT, RANK, ...) is inherited.
-    launch = ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE", "NODE_RANK", "GROUP_RANK")
-    inherited = {k: v for k, v in os.environ.items() if k not in launch and not k.startswith("PL_")}
-    env = {**inherited, "OMP_NUM_THREADS": "1", "OMP_WAIT_POLICY": "PASSIVE", "SPEECHTRAIN_TELEMETRY": "0",
-           "PYTHONPATH": str(ROOT), **env_extra}  # fmt: skip
-    env.pop("SPEECHTRAIN_EXP_VERSION", None)
+    env = fresh_launch_env(OMP_NUM_THREADS="1", OMP_WAIT_POLICY="PASSIVE", SPEECHTRAIN_TELEMETRY="0",
+                           PYTHONPATH=str(ROOT), **env_extra)  # fmt: skip
     return subprocess.run([sys.executable, str(JOB), *args], env=env, capture_output=True, text=True, timeout=timeout)
 
 

@@ -1,4 +1,3 @@
-import os
 import socket
 import subprocess
 import sys
@@ -7,6 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from speechtrain.lightning.launch import fresh_launch_env
 from speechtrain.speechlm.backbone import GPTConfig, build_gpt, ensure_parallel_state, gpt_logits, transformer_config
 from speechtrain.speechlm.lora import (
     FrozenEvalMixin,
@@ -238,9 +238,7 @@ def test_shard_and_unshard_follow_megatron_strides():
 
 @pytest.mark.multiprocess
 def test_tensor_parallel_lora_equals_single_process(tmp_path):
-    # Not the rendezvous variables of this process's own one-process group (set by earlier tests).
-    env = {k: v for k, v in os.environ.items() if k not in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE")}
-    env.update(OMP_WAIT_POLICY="PASSIVE", OMP_NUM_THREADS="1")
+    env = fresh_launch_env(OMP_WAIT_POLICY="PASSIVE", OMP_NUM_THREADS="1")  # not an earlier test's rendezvous
     single, parallel = tmp_path / "tp1.pt", tmp_path / "tp2.pt"
     commands = [
         [sys.executable, str(JOB), "--out", str(single)],

@@ -3,7 +3,6 @@ and TP=2 training equal to TP=1."""
 
 import csv
 import json
-import os
 import socket
 import subprocess
 import sys
@@ -13,6 +12,7 @@ import pytest
 import torch
 import yaml
 
+from speechtrain.lightning.launch import fresh_launch_env
 from speechtrain.speechlm.backbone import ensure_parallel_state
 from speechtrain.speechlm.prompts import get_template
 from speechtrain.speechlm.tokenizer import train_bpe_tokenizer
@@ -274,11 +274,7 @@ def _train_losses(run_root: Path) -> list[float]:
 @pytest.mark.multiprocess
 @pytest.mark.slow
 def test_tensor_parallel_training_equals_single_process(tokenizer_file, dtmf_manifest, tmp_path):
-    # A fresh rendezvous: nothing of an earlier in-process run's (MASTER_PORT, RANK, ...) is inherited.
-    launch = ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE", "NODE_RANK", "GROUP_RANK")
-    env = {k: v for k, v in os.environ.items() if k not in launch and not k.startswith("PL_")}
-    env.update(OMP_WAIT_POLICY="PASSIVE", OMP_NUM_THREADS="1")
-    env.pop("SPEECHTRAIN_EXP_VERSION", None)
+    env = fresh_launch_env(OMP_WAIT_POLICY="PASSIVE", OMP_NUM_THREADS="1")  # not an earlier in-process run's
     losses = {}
     for devices, tp in ((1, 1), (2, 2)):
         folder = tmp_path / f"tp{tp}"
