@@ -197,3 +197,22 @@ def test_finetune_from_a_transducer_nemo_file_keeps_its_weights_or_its_encoder(t
     new = finetune.finetune_model(base, {"tokenizer": {"path": str(tmp_path / "letters.json")}})
     assert new.joint.out.weight.shape[0] == 29 + 5 and new.prediction.embed.weight.shape[0] == 29
     assert all(torch.equal(new.state_dict()[k], v) for k, v in base.state_dict().items() if k.startswith("encoder."))
+
+
+def test_a_character_transducer_loads_with_its_labels(tmp_path):
+    """NeMo's EncDecRNNTModel (characters): the joint's vocabulary (or the model's labels) becomes a character
+    tokenizer; the outputs are the BPE fixture's (same weights)."""
+    labels = list(" abcdefghijklmnopqrstuvwxyz'0123456789-.,")[:40]
+
+    def to_chars(config):
+        config["target"] = "nemo.collections.asr.models.rnnt_models.EncDecRNNTModel"
+        del config["tokenizer"]
+        config["labels"] = labels
+        config["joint"]["vocabulary"] = labels
+
+    path = repack(FIXTURES / "conformer_tdt.nemo", tmp_path / "chars.nemo", _config_edit(to_chars))
+    model = SpeechModel.restore_from(path)
+    assert model.tokenizer.vocab == labels and model.cfg.loss == "tdt"
+    assert transducer_differences(model, "conformer_tdt")[1] < 1e-4
+    assert greedy_ids(model, "conformer_tdt") == greedy_ids(SpeechModel.restore_from(FIXTURES / "conformer_tdt.nemo"),
+                                                            "conformer_tdt")  # fmt: skip
