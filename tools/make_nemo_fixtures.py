@@ -37,7 +37,7 @@ TEXT = (
 )
 
 FIXTURES = {
-    # name: (encoder overrides, preprocessor overrides, kind: ctc | hybrid | rnnt | tdt)
+    # name: (encoder overrides, preprocessor overrides, kind: ctc | hybrid | rnnt | tdt | hybrid_tdt)
     "fastconformer_ctc": ({"subsampling": "dw_striding", "subsampling_factor": 8, "xscaling": True,
                            "untie_biases": True}, {}, "ctc"),
     "fastconformer_ctc_noxs_tied": ({"subsampling": "dw_striding", "subsampling_factor": 8, "xscaling": False,
@@ -51,6 +51,8 @@ FIXTURES = {
                             "untie_biases": True}, {}, "rnnt"),
     "conformer_tdt": ({"subsampling": "striding", "subsampling_factor": 4, "xscaling": False, "untie_biases": True},
                       {}, "tdt"),
+    "fastconformer_hybrid_tdt": ({"subsampling": "dw_striding", "subsampling_factor": 8, "xscaling": True,
+                                  "untie_biases": True}, {}, "hybrid_tdt"),
 }  # fmt: skip
 TDT_DURATIONS = [0, 1, 2, 3, 4]
 JOINT_GAIN, BLANK_BIAS = 3.0, 1.5
@@ -131,11 +133,15 @@ def model_config(tokenizer_dir: Path, encoder: dict, preprocessor: dict, kind: s
         "preserve_memory": False,
         "fuse_loss_wer": False,
         "fused_batch_size": 4,
-        "jointnet": {"joint_hidden": 16, "activation": "tanh" if kind == "tdt" else "relu", "dropout": 0.1},
+        "jointnet": {
+            "joint_hidden": 16,
+            "activation": "tanh" if kind == "tdt" else "relu",
+            "dropout": 0.0 if kind == "hybrid_tdt" else 0.1,
+        },  # 0: no Dropout module in NeMo's joint
     }
     cfg["decoding"] = {"strategy": "greedy_batch", "greedy": {"max_symbols": 5}}
     cfg["loss"] = {"loss_name": "default"}
-    if kind == "tdt":
+    if kind in ("tdt", "hybrid_tdt"):
         cfg["model_defaults"]["tdt_durations"] = TDT_DURATIONS
         cfg["joint"]["num_extra_outputs"] = len(TDT_DURATIONS)
         cfg["decoding"].update({"model_type": "tdt", "durations": TDT_DURATIONS})
@@ -149,7 +155,7 @@ def model_config(tokenizer_dir: Path, encoder: dict, preprocessor: dict, kind: s
                 "omega": 0.1,
             },
         }
-    if kind != "hybrid":
+    if not kind.startswith("hybrid"):
         return cfg
     cfg["aux_ctc"] = {"ctc_loss_weight": 0.3, "use_cer": False, "ctc_reduction": "mean_batch",
                       "decoder": ctc_decoder, "decoding": {"strategy": "greedy"}}  # fmt: skip
@@ -255,7 +261,7 @@ def main() -> None:
     from nemo.collections.asr.models import EncDecCTCModelBPE, EncDecHybridRNNTCTCBPEModel, EncDecRNNTBPEModel
 
     classes = {"ctc": EncDecCTCModelBPE, "hybrid": EncDecHybridRNNTCTCBPEModel, "rnnt": EncDecRNNTBPEModel,
-               "tdt": EncDecRNNTBPEModel}  # fmt: skip
+               "tdt": EncDecRNNTBPEModel, "hybrid_tdt": EncDecHybridRNNTCTCBPEModel}  # fmt: skip
 
     args.out.mkdir(parents=True, exist_ok=True)
     audio, lengths = make_inputs(args.out)
@@ -274,7 +280,7 @@ def main() -> None:
             model.save_to(str(path))
             gzip_archive(path)
             expected = {}
-            if kind in ("ctc", "hybrid"):
+            if kind in ("ctc", "hybrid", "hybrid_tdt"):
                 log_probs, out_lengths = ctc_log_probs(model, audio, lengths)
                 expected["log_probs"] = log_probs.float().contiguous()
             if kind != "ctc":

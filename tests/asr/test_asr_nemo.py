@@ -24,7 +24,13 @@ from speechtrain.asr.transducer import ConformerTransducerModel
 from speechtrain.core.model import SpeechModel
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "nemo"
-NAMES = ["fastconformer_ctc", "fastconformer_ctc_noxs_tied", "conformer_ctc", "fastconformer_hybrid"]
+NAMES = [
+    "fastconformer_ctc",
+    "fastconformer_ctc_noxs_tied",
+    "conformer_ctc",
+    "fastconformer_hybrid",
+    "fastconformer_hybrid_tdt",
+]
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 TP_JOB = Path(__file__).with_name("nemo_tp_job.py")
 
