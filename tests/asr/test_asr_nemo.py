@@ -205,20 +205,33 @@ def _config_edit(change):
     return edit
 
 
+CTC, RNNT = "fastconformer_ctc", "fastconformer_rnnt"
+
+
 @pytest.mark.parametrize(
-    ("change", "message"),
+    ("source", "change", "message"),
     [
-        (lambda c: c.update(target="nemo.collections.tts.models.fastpitch.FastPitchModel"), "holds a FastPitchModel"),
-        (lambda c: c["encoder"].update(att_context_size=[70, 13]), r"att_context_size is \[70, 13\]"),
-        (lambda c: c["encoder"].update(self_attention_model="rel_pos_local_attn"), "'rel_pos_local_attn'"),
-        (lambda c: c["encoder"].update(_target_="nemo.collections.asr.modules.SqueezeformerEncoder"),
+        (CTC, lambda c: c.update(target="nemo.collections.tts.models.fastpitch.FastPitchModel"),
+         "holds a FastPitchModel"),
+        (CTC, lambda c: c["encoder"].update(att_context_size=[70, 13]), r"att_context_size is \[70, 13\]"),
+        (CTC, lambda c: c["encoder"].update(self_attention_model="rel_pos_local_attn"), "'rel_pos_local_attn'"),
+        (CTC, lambda c: c["encoder"].update(_target_="nemo.collections.asr.modules.SqueezeformerEncoder"),
          "SqueezeformerEncoder"),
-        (lambda c: c["tokenizer"].update(type="wpe"), "a WordPiece tokenizer"),
-        (lambda c: c["preprocessor"].update(normalize="all_features"), "preprocessor.normalize is 'all_features'"),
+        (CTC, lambda c: c["tokenizer"].update(type="wpe"), "a WordPiece tokenizer"),
+        (CTC, lambda c: c["preprocessor"].update(normalize="all_features"),
+         "preprocessor.normalize is 'all_features'"),
+        (RNNT, lambda c: c["decoder"].update(_target_="nemo.collections.asr.modules.StatelessTransducerDecoder"),
+         "decoder._target_ is 'StatelessTransducerDecoder'"),
+        (RNNT, lambda c: c["decoder"].update(normalization_mode="layer"), "normalization_mode is 'layer'"),
+        (RNNT, lambda c: c["decoder"]["prednet"].update(rnn_hidden_size=32), "rnn_hidden_size is 32.*projection"),
+        (RNNT, lambda c: c["joint"].update(_target_="nemo.collections.asr.modules.HATJoint"), "'HATJoint'"),
+        (RNNT, lambda c: c["joint"]["jointnet"].update(activation="gelu"), "activation is 'gelu'"),
+        (RNNT, lambda c: c["loss"].update(loss_name="multiblank_rnnt"), "loss_name is 'multiblank_rnnt'"),
+        (RNNT, lambda c: c["joint"].update(num_extra_outputs=3), "num_extra_outputs is 3"),
     ],
 )  # fmt: skip
-def test_models_we_cannot_represent_are_refused_by_name(tmp_path, change, message):
-    path = repack(FIXTURES / "fastconformer_ctc.nemo", tmp_path / "bad.nemo", _config_edit(change))
+def test_models_we_cannot_represent_are_refused_by_name(tmp_path, source, change, message):
+    path = repack(FIXTURES / f"{source}.nemo", tmp_path / "bad.nemo", _config_edit(change))
     with pytest.raises(NemoImportError, match=f"bad.nemo: .*{message}"):
         SpeechModel.restore_from(path)
 

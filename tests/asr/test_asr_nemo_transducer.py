@@ -132,25 +132,6 @@ def test_export_refuses_what_nemos_transducers_do_not_compute(tmp_path):
             ConformerTransducerModel(cfg).save_to(tmp_path / "x.nemo")
 
 
-@pytest.mark.parametrize(
-    ("change", "message"),
-    [
-        (lambda c: c["decoder"].update(_target_="nemo.collections.asr.modules.StatelessTransducerDecoder"),
-         "decoder._target_ is 'StatelessTransducerDecoder'"),
-        (lambda c: c["decoder"].update(normalization_mode="layer"), "normalization_mode is 'layer'"),
-        (lambda c: c["decoder"]["prednet"].update(rnn_hidden_size=32), "rnn_hidden_size is 32.*projection"),
-        (lambda c: c["joint"].update(_target_="nemo.collections.asr.modules.HATJoint"), "'HATJoint'"),
-        (lambda c: c["joint"]["jointnet"].update(activation="gelu"), "activation is 'gelu'"),
-        (lambda c: c["loss"].update(loss_name="multiblank_rnnt"), "loss_name is 'multiblank_rnnt'"),
-        (lambda c: c["joint"].update(num_extra_outputs=3), "num_extra_outputs is 3"),
-    ],
-)  # fmt: skip
-def test_transducers_we_cannot_represent_are_refused_by_name(tmp_path, change, message):
-    path = repack(FIXTURES / "fastconformer_rnnt.nemo", tmp_path / "bad.nemo", _config_edit(change))
-    with pytest.raises(NemoImportError, match=f"bad.nemo: .*{message}"):
-        SpeechModel.restore_from(path)
-
-
 def test_a_tdt_checkpoint_without_its_durations_is_refused(tmp_path):
     def drop(config):
         config["loss"]["tdt_kwargs"].pop("durations")

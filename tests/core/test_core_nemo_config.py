@@ -97,16 +97,29 @@ def test_another_nemo_class_is_refused_and_never_imported():
     assert "nemo" not in sys.modules
 
 
-def test_the_training_script_takes_a_nemo_yaml_and_prints_the_translated_config(tokenizer_dir):
+@pytest.mark.parametrize(
+    ("name", "override", "printed", "absent", "logged"),
+    [
+        (NAME, "model.encoder.n_layers=2", ["num_layers: 2"], "n_layers",
+         "nemo: model.encoder.n_layers=2 -> model.encoder.num_layers=2"),
+        # a transducer YAML: its model.loss makes the script pick the transducer's schema
+        ("fastconformer_hybrid_tdt_ctc_bpe", "model.decoder.prednet.pred_rnn_layers=2", ["loss: tdt",
+         "pred_rnn_layers: 2"], "prednet", "nemo: model.decoder.prednet.pred_rnn_layers=2 -> "
+         "model.prediction.pred_rnn_layers=2"),
+    ],
+)  # fmt: skip
+def test_the_training_script_takes_a_nemo_yaml_and_prints_the_translated_config(
+    tokenizer_dir, name, override, printed, absent, logged
+):
     script = Path(__file__).parents[2] / "examples" / "asr_train.py"
     result = subprocess.run(
-        [sys.executable, str(script), "--config-path", str(CONF), "--config-name", NAME, "--cfg",
-         f"model.tokenizer.dir={tokenizer_dir}", "model.encoder.n_layers=2"],
+        [sys.executable, str(script), "--config-path", str(CONF), "--config-name", name, "--cfg",
+         f"model.tokenizer.dir={tokenizer_dir}", override],
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
-    assert "num_layers: 2" in result.stdout and "n_layers" not in result.stdout
-    assert "nemo: model.encoder.n_layers=2 -> model.encoder.num_layers=2" in result.stderr
+    assert all(line in result.stdout for line in printed) and absent not in result.stdout
+    assert logged in result.stderr
 
 
 # ------------------------------------------------------------------------------------------------ transducers
@@ -159,15 +172,3 @@ def test_a_plain_rnnt_yaml_and_the_transducer_refusals(tokenizer_dir):
     with pytest.raises(ConfigError, match="model.loss.loss_name=multiblank_rnnt"):
         compose_config(CONF, HYBRID_TDT, [f"model.tokenizer.dir={tokenizer_dir}",
                                           "model.loss.loss_name=multiblank_rnnt"], TRANSDUCER_SCHEMA)  # fmt: skip
-
-
-def test_the_training_script_picks_the_transducer_for_a_nemo_transducer_yaml(tokenizer_dir):
-    script = Path(__file__).parents[2] / "examples" / "asr_train.py"
-    result = subprocess.run(
-        [sys.executable, str(script), "--config-path", str(CONF), "--config-name", HYBRID_TDT, "--cfg",
-         f"model.tokenizer.dir={tokenizer_dir}", "model.decoder.prednet.pred_rnn_layers=2"],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stderr
-    assert "loss: tdt" in result.stdout and "pred_rnn_layers: 2" in result.stdout and "prednet" not in result.stdout
-    assert "nemo: model.decoder.prednet.pred_rnn_layers=2 -> model.prediction.pred_rnn_layers=2" in result.stderr
