@@ -130,21 +130,26 @@ def test_from_pretrained_finds_a_nemo_file_by_name_in_the_models_cache(tmp_path,
     assert max_difference(SpeechModel.from_pretrained("tiny_fc"), "fastconformer_ctc") < 1e-4
 
 
-@pytest.mark.parametrize("name", ["conformer_ctc", "fastconformer_ctc_noxs_tied", "fastconformer_hybrid"])
-def test_export_round_trips_with_nemos_names(name, tmp_path):
+def export_with_the_fixtures_tensors(name: str, folder: Path) -> tuple[SpeechModel, dict[str, bytes]]:
+    """Fixture ``name`` imported and exported to ``folder/out.nemo``: the model and the file's members, whose
+    tensors are checked to be the fixture's (NeMo's names, shapes and values)."""
     model = SpeechModel.restore_from(FIXTURES / f"{name}.nemo").eval()
-    model.save_to(tmp_path / "out.nemo")
+    model.save_to(folder / "out.nemo")
     original = load_weights(FIXTURES, read_members(FIXTURES / f"{name}.nemo")["model_weights.ckpt"])
-    members = read_members(tmp_path / "out.nemo")
-    exported = load_weights(tmp_path, members["model_weights.ckpt"])
+    members = read_members(folder / "out.nemo")
+    exported = load_weights(folder, members["model_weights.ckpt"])
     assert {k: tuple(v.shape) for k, v in exported.items()} == {k: tuple(v.shape) for k, v in original.items()}
     for key, tensor in exported.items():
         if not key.endswith("linear_k.bias"):  # dropped on import (softmax ignores it), written as zeros
             assert torch.equal(tensor, original[key]), key
+    return model, members
+
+
+@pytest.mark.parametrize("name", ["conformer_ctc", "fastconformer_ctc_noxs_tied"])  # transducers: the other file
+def test_export_round_trips_with_nemos_names(name, tmp_path):
+    model, members = export_with_the_fixtures_tensors(name, tmp_path)
     config = yaml.safe_load(members["model_config.yaml"])
-    nemo_class = "hybrid_rnnt_ctc_bpe_models.EncDecHybridRNNTCTCBPEModel" if "hybrid" in name else \
-        "ctc_bpe_models.EncDecCTCModelBPE"  # fmt: skip
-    assert config["target"] == f"nemo.collections.asr.models.{nemo_class}"
+    assert config["target"] == "nemo.collections.asr.models.ctc_bpe_models.EncDecCTCModelBPE"
     assert config["tokenizer"]["model_path"] == "nemo:tokenizer.model" and "tokenizer.model" in members
     again = SpeechModel.restore_from(tmp_path / "out.nemo").eval()
     audio, lengths = fixture_batch()

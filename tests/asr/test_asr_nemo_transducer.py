@@ -8,7 +8,14 @@ import pytest
 import torch
 import yaml
 from safetensors.torch import load_file
-from test_asr_nemo import FIXTURES, _config_edit, _finetune_module, fixture_batch, repack
+from test_asr_nemo import (
+    FIXTURES,
+    _config_edit,
+    _finetune_module,
+    export_with_the_fixtures_tensors,
+    fixture_batch,
+    repack,
+)
 
 from speechtrain.asr.nemo_import import NemoImportError, load_weights, read_members
 from speechtrain.asr.transducer import ConformerTransducerModel
@@ -98,15 +105,7 @@ def test_a_nonzero_blank_embedding_is_zeroed_on_import(tmp_path):
 
 @pytest.mark.parametrize("name", TRANSDUCERS)
 def test_export_round_trips_with_nemos_names_and_config(name, tmp_path):
-    model = SpeechModel.restore_from(FIXTURES / f"{name}.nemo").eval()
-    model.save_to(tmp_path / "out.nemo")
-    members = read_members(tmp_path / "out.nemo")
-    original = load_weights(FIXTURES, read_members(FIXTURES / f"{name}.nemo")["model_weights.ckpt"])
-    exported = load_weights(tmp_path, members["model_weights.ckpt"])
-    assert {k: tuple(v.shape) for k, v in exported.items()} == {k: tuple(v.shape) for k, v in original.items()}
-    for key, tensor in exported.items():
-        if not key.endswith("linear_k.bias"):  # dropped on import (softmax ignores it), written as zeros
-            assert torch.equal(tensor, original[key]), key
+    model, members = export_with_the_fixtures_tensors(name, tmp_path)
     ours = yaml.safe_load(members["model_config.yaml"])
     theirs = yaml.safe_load(read_members(FIXTURES / f"{name}.nemo")["model_config.yaml"])
     assert ours["target"] == theirs["target"]
