@@ -44,6 +44,7 @@ import torch
 import yaml
 
 from speechtrain.core.archive import MODEL_FILE_READERS, Archive, ArchiveError
+from speechtrain.core.nemo_config import JOINT_ACTIVATIONS, RNNT_LOSSES
 
 logger = logging.getLogger(__name__)
 
@@ -292,7 +293,8 @@ def translate_config(nemo_cfg: dict[str, Any], path: str | Path) -> tuple[dict[s
     head = dict(head or {}) if info.head else {}
     if not str(head.get("_target_", "ConvASRDecoder")).endswith("ConvASRDecoder"):
         raise _refuse(path, f"its CTC decoder is a {head['_target_']!r} (only ConvASRDecoder loads)")
-    reduction = "mean_volume" if nemo_cfg.get("ctc_reduction", "mean_batch") == "mean_volume" else "mean_batch"
+    reduction_key = "ctc_reduction" if info.head == "decoder" else "rnnt_reduction"  # a transducer's whole loss
+    reduction = "mean_volume" if nemo_cfg.get(reduction_key, "mean_batch") == "mean_volume" else "mean_batch"
     config: dict[str, Any] = {
         "sample_rate": sample_rate,
         "preprocessor": preprocessor,
@@ -316,11 +318,6 @@ def translate_config(nemo_cfg: dict[str, Any], path: str | Path) -> tuple[dict[s
             what = "a WordPiece tokenizer" if kind == "wpe" else f"a {kind!r} tokenizer"
             raise _refuse(path, f"tokenizer.type is {kind!r} ({what}; sentencepiece 'bpe' tokenizers load)")
     return config, info
-
-
-# NeMo's RNN-T loss names (one loss, several implementations), and its activations of the joint.
-RNNT_LOSSES = ("default", "warprnnt", "warprnnt_numba", "pytorch", "graph_rnnt")
-JOINT_ACTIVATIONS = {"relu": "relu", "tanh": "tanh", "sigmoid": "sigmoid", "swish": "silu", "silu": "silu"}
 
 
 def transducer_config(
@@ -359,6 +356,9 @@ def transducer_config(
     if activation not in JOINT_ACTIVATIONS:
         raise _refuse(path, f"joint.jointnet.activation is {activation!r}")
     dropout = float(jointnet.get("dropout", 0.0) or 0.0)
+    joint_hidden = jointnet.get("joint_hidden") or (nemo_cfg.get("model_defaults") or {}).get("joint_hidden")
+    if not joint_hidden:
+        raise NemoImportError(f"{path}: {NEMO_CONFIG} has no joint.jointnet.joint_hidden.")
     loss = dict(nemo_cfg.get("loss") or {})
     loss_name = str(loss.get("loss_name", "default"))
     extra = int(joint.get("num_extra_outputs", 0) or 0)
@@ -388,7 +388,7 @@ def transducer_config(
         decoder_type="transducer",
         prediction={"pred_hidden": pred_hidden, "pred_rnn_layers": layers,
                     "dropout": float(prednet.get("dropout", 0.0) or 0.0)},
-        joint={"joint_hidden": int(jointnet["joint_hidden"]), "activation": JOINT_ACTIVATIONS[activation],
+        joint={"joint_hidden": int(joint_hidden), "activation": JOINT_ACTIVATIONS[activation],
                "dropout": dropout, "frame_stack": 1},
         decoding={"strategy": "greedy", "max_symbols": int(max_symbols) if max_symbols else 10},
     )  # fmt: skip

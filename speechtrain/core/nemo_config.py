@@ -199,7 +199,10 @@ _DECODER = {
 }
 
 # Transducers (NeMo's RNNTDecoder, RNNTJoint, loss, decoding and, for hybrids, aux_ctc).
+# NeMo's RNN-T loss names (one loss, several implementations) and joint activations, with ours (also read by
+# speechtrain.asr.nemo_import for .nemo checkpoints).
 RNNT_LOSSES = ("default", "warprnnt", "warprnnt_numba", "pytorch", "graph_rnnt")
+JOINT_ACTIVATIONS = {"relu": "relu", "tanh": "tanh", "sigmoid": "sigmoid", "swish": "silu", "silu": "silu"}
 _INIT = "an initialisation detail (the LSTM starts from torch's default)"
 _PREDNET = {
     "pred_hidden": ("map", "prediction.pred_hidden", None),
@@ -220,10 +223,9 @@ _RNNT_DECODER = {
 
 
 def _joint_activation(value: Any) -> str:
-    names = {"relu": "relu", "tanh": "tanh", "sigmoid": "sigmoid", "swish": "silu", "silu": "silu"}
-    if str(value).lower() not in names:
-        raise _Refuse(f"speechtrain's joint supports {', '.join(names)}")
-    return names[str(value).lower()]
+    if str(value).lower() not in JOINT_ACTIVATIONS:
+        raise _Refuse(f"speechtrain's joint supports {', '.join(JOINT_ACTIVATIONS)}")
+    return JOINT_ACTIVATIONS[str(value).lower()]
 
 
 _JOINT = {
