@@ -15,6 +15,7 @@ from speechtrain.asr.transducer import ConformerTransducerConfig, ConformerTrans
 from speechtrain.core.config import ConfigError
 from speechtrain.core.hydra_runner import compose_config
 from speechtrain.core.job import train_job_schema
+from speechtrain.core.model import SpeechModel
 from speechtrain.core.nemo_config import is_nemo_config, translate_nemo_config
 
 CONF = Path(__file__).parent / "nemo_conf"
@@ -172,3 +173,32 @@ def test_a_plain_rnnt_yaml_and_the_transducer_refusals(tokenizer_dir):
     with pytest.raises(ConfigError, match="model.loss.loss_name=multiblank_rnnt"):
         compose_config(CONF, HYBRID_TDT, [f"model.tokenizer.dir={tokenizer_dir}",
                                           "model.loss.loss_name=multiblank_rnnt"], TRANSDUCER_SCHEMA)  # fmt: skip
+
+
+def test_a_nemo_hybrid_tdt_yaml_trains_and_writes_a_transducer_archive(tmp_path, dtmf_manifest):
+    """The translated YAML is a job the training script runs: 3 steps on DTMF, shrunk with NeMo's own key names."""
+    import json
+
+    from conftest import example_main
+
+    texts = [json.loads(line)["text"] for line in Path(dtmf_manifest).read_text().splitlines()]
+    train_sentencepiece(texts * 4, tmp_path / "tok", vocab_size=14)
+    overrides = [
+        f"model.tokenizer.dir={tmp_path / 'tok'}", f"model.train_ds.manifest_filepath={dtmf_manifest}",
+        f"model.validation_ds.manifest_filepath={dtmf_manifest}", "model.encoder.n_layers=1",
+        "model.encoder.d_model=16", "model.encoder.n_heads=2", "model.encoder.subsampling=striding",
+        "model.encoder.subsampling_factor=2", "model.encoder.subsampling_conv_channels=8",
+        "model.encoder.conv_kernel_size=3", "model.preprocessor.features=16", "model.spec_augment.time_masks=1",
+        "model.model_defaults.pred_hidden=16", "model.model_defaults.joint_hidden=16",
+        "model.train_ds.batch_size=8", "model.train_ds.num_workers=0", "model.validation_ds.num_workers=0",
+        "model.optim.sched.warmup_steps=1", "trainer.max_steps=3", "trainer.val_check_interval=3",
+        "trainer.check_val_every_n_epoch=null", "trainer.devices=1", "trainer.accelerator=cpu",
+        "trainer.enable_progress_bar=false", "trainer.enable_model_summary=false", f"exp_manager.exp_dir={tmp_path}",
+        "exp_manager.create_tensorboard_logger=false",
+    ]  # fmt: skip
+    cfg = compose_config(CONF, HYBRID_TDT, overrides, TRANSDUCER_SCHEMA)
+    model = example_main()(cfg)
+    assert isinstance(model, ConformerTransducerModel) and model.trainer.global_step == 3
+    assert model.cfg.loss == "tdt" and model.cfg.hybrid and model.joint.out.out_features == 14 + 1 + 5
+    (archive,) = tmp_path.rglob("FastConformer-Hybrid-TDT-CTC-BPE.stm")
+    assert type(SpeechModel.restore_from(archive)) is ConformerTransducerModel
