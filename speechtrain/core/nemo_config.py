@@ -179,6 +179,8 @@ _ENCODER = {
     "att_context_style": ("same", _same("regular", why="only full-context attention is implemented"), "regular"),
     "untie_biases": ("same", _same(True, why="every layer has its own position biases"), "per-layer biases"),
     "pos_emb_max_len": ("drop", "relative positions are computed for any length"),
+    "use_pytorch_sdpa": ("drop", "attention always runs in torch's scaled_dot_product_attention"),
+    "use_pytorch_sdpa_backends": ("drop", "torch picks the attention kernel"),
     "conv_context_size": ("same", _null_or("causal", why="only symmetric convolutions"), "symmetric"),
     "dropout_emb": ("same", _same(0, 0.0, why="there is no position-embedding dropout"), "none"),
     "stochastic_depth_drop_prob": ("same", _same(0, 0.0, why="stochastic depth is not implemented"), "off"),

@@ -130,7 +130,9 @@ TRANSDUCER_SCHEMA = train_job_schema(ConformerTransducerConfig)
 
 def test_the_published_hybrid_tdt_ctc_yaml_translates_into_a_transducer(tokenizer_dir, caplog):
     overrides = [f"model.tokenizer.dir={tokenizer_dir}", "model.train_ds.manifest_filepath=train.json",
-                 "model.validation_ds.manifest_filepath=dev.json"]  # fmt: skip
+                 "model.validation_ds.manifest_filepath=dev.json",
+                 # keys of NeMo's newer YAMLs (fast-conformer_transducer_bpe.yaml)
+                 "+model.encoder.use_pytorch_sdpa=false", "+model.encoder.use_pytorch_sdpa_backends=[]"]  # fmt: skip
     with caplog.at_level(logging.INFO, logger="speechtrain.core.nemo_config"):
         cfg = compose_config(CONF, HYBRID_TDT, overrides, TRANSDUCER_SCHEMA)
     model = cfg.model
@@ -152,6 +154,17 @@ def test_the_published_hybrid_tdt_ctc_yaml_translates_into_a_transducer(tokenize
     from speechtrain.asr.transducer import asr_model_class
 
     assert asr_model_class(model) is ConformerTransducerModel
+
+
+def test_the_published_transducer_yaml_translates_into_an_rnnt(tokenizer_dir):
+    cfg = compose_config(CONF, "fast-conformer_transducer_bpe", [f"model.tokenizer.dir={tokenizer_dir}"],
+                         TRANSDUCER_SCHEMA)  # fmt: skip
+    model = cfg.model
+    assert (model.loss, model.hybrid, model.ctc_reduction) == ("rnnt", False, "mean_volume")
+    assert model.decoding.max_symbols == 10
+    assert (model.prediction.pred_hidden, model.joint.joint_hidden, model.joint.fused_batch_size) == (640, 640, 4)
+    assert model.encoder.num_layers == 17 and model.optim.sched.name == "CosineAnnealing"
+    assert cfg.trainer.strategy == {} and cfg.trainer.gradient_clip_val == 0.0
 
 
 def test_a_plain_rnnt_yaml_and_the_transducer_refusals(tokenizer_dir):
