@@ -3,7 +3,7 @@
     python -m speechtrain.asr.transcribe model_path=model.stm audio=test_manifest.json \\
         [output=preds.json] [batch_duration=300] [batch_size=null] [device=auto|cpu|cuda] [precision=32|bf16] \\
         [decoding=greedy|beam] [lm_path=lm.arpa] [beam_size=16] [lm_weight=1.0] [word_score=0.0] \\
-        [chunk_len=30] [chunk_overlap=4] [timestamps=false] [wer.lowercase=true ...]
+        [decoder_type=transducer|ctc] [chunk_len=30] [chunk_overlap=4] [timestamps=false] [wer.lowercase=true ...]
 
 Decoding follows the model's ``decoding`` config (the demo's archives: beam search with the word 3-gram LM fitted
 on their training transcripts); the decoding keys override it for this run.
@@ -71,6 +71,8 @@ class TranscribeConfig:
         precision: ``32``, or ``bf16`` (autocast).
         decoding: ``greedy`` or ``beam``; None: the model's ``decoding.strategy``.
         lm_path, beam_size, lm_weight, word_score: beam-search settings (None: the model's).
+        decoder_type: for a hybrid transducer (e.g. a NeMo hybrid ``.nemo``), ``transducer`` or ``ctc`` (its CTC head),
+            NeMo's ``change_decoding_strategy(decoder_type=...)``; None: the model's ``decoder_type``.
         chunk_len: files longer than ``chunk_len + chunk_overlap`` seconds are transcribed in chunks of this many
             seconds (CTC models; None: never).
         chunk_overlap: seconds of context around each chunk (half on each side).
@@ -91,6 +93,7 @@ class TranscribeConfig:
     beam_size: int | None = None
     lm_weight: float | None = None
     word_score: float | None = None
+    decoder_type: str | None = None
     chunk_len: float | None = 30.0
     chunk_overlap: float = 4.0
     timestamps: bool = False
@@ -381,7 +384,8 @@ def parse_args(argv: Sequence[str]) -> TranscribeConfig:
     missing = [k for k in ("model_path", "audio") if not getattr(cfg, k)]
     if missing:
         raise ConfigError(f"Missing {' and '.join(f'{k}=...' for k in missing)}.")
-    for key, choices in (("device", DEVICES), ("precision", PRECISIONS), ("decoding", STRATEGIES)):
+    for key, choices in (("device", DEVICES), ("precision", PRECISIONS), ("decoding", STRATEGIES),
+                         ("decoder_type", ("transducer", "ctc"))):  # fmt: skip
         if getattr(cfg, key) is not None and getattr(cfg, key) not in choices:
             raise ConfigError(f"{key}={getattr(cfg, key)}: expected one of {', '.join(choices)}.")
     _check_limits(cfg.batch_duration, cfg.batch_size)
@@ -420,6 +424,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         fail(str(e))
     if not callable(getattr(model, "transcribe", None)):
         fail(f"{type(model).__name__} (from {cfg.model_path}) has no transcribe method.")
+    if cfg.decoder_type is not None:  # read at decoding time, so set on the loaded model
+        if not model.cfg.get("hybrid"):
+            fail(f"decoder_type={cfg.decoder_type}: {cfg.model_path} holds a {type(model).__name__} with one decoder; "
+                 "decoder_type chooses between a hybrid transducer's two.")  # fmt: skip
+        model.cfg.decoder_type = cfg.decoder_type
 
     start = time.perf_counter()
     rows = transcribe_paths(model, rows, cfg.batch_duration, cfg.batch_size, cfg.precision, cfg.chunk_len,

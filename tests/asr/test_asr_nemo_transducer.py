@@ -197,3 +197,26 @@ def test_a_character_transducer_loads_with_its_labels(tmp_path):
     assert transducer_differences(model, "conformer_tdt")[1] < 1e-4
     assert greedy_ids(model, "conformer_tdt") == greedy_ids(SpeechModel.restore_from(FIXTURES / "conformer_tdt.nemo"),
                                                             "conformer_tdt")  # fmt: skip
+
+
+def test_transcribe_chooses_a_hybrids_decoder_and_refuses_the_choice_for_one_decoder(tmp_path, capsys):
+    """``decoder_type=ctc|transducer`` (NeMo's ``change_decoding_strategy(decoder_type=...)``) on a hybrid .nemo."""
+    from speechtrain.asr.ctc import ConformerCTCModel
+    from speechtrain.asr.transcribe import main
+
+    hybrid = FIXTURES / "fastconformer_hybrid.nemo"
+    for kind in ("ctc", "transducer"):
+        main([f"model_path={hybrid}", f"audio={FIXTURES}", f"output={tmp_path / kind}.json", f"decoder_type={kind}"])
+    got = {kind: [json.loads(line)["pred_text"] for line in (tmp_path / f"{kind}.json").read_text().splitlines()]
+           for kind in ("ctc", "transducer")}  # fmt: skip
+    model = SpeechModel.restore_from(hybrid).eval()
+    audio, lengths = fixture_batch()
+    with torch.no_grad():
+        enc, enc_lengths = model(audio, lengths)
+        ctc = ConformerCTCModel.greedy_decode(model, model.ctc_log_probs(enc), enc_lengths)  # the CTC head, by hand
+        transducer = model.greedy_decode(enc, enc_lengths)
+    assert got == {"ctc": ctc, "transducer": transducer}
+    with pytest.raises(SystemExit):
+        main([f"model_path={FIXTURES / 'conformer_tdt.nemo'}", f"audio={FIXTURES}", "decoder_type=ctc",
+              f"output={tmp_path / 'x.json'}"])  # fmt: skip
+    assert "holds a ConformerTransducerModel with one decoder" in capsys.readouterr().err
