@@ -32,11 +32,10 @@ from speechtrain.common.config import validate_config
 from speechtrain.lightning import CallbackGroup, TelemetryCallback
 from speechtrain.lightning.ema import EMA, EMAConfig
 from speechtrain.lightning.fault_tolerance import PreemptionCallback, was_preempted
-from speechtrain.lightning.launch import is_global_rank_zero, job_version, shared_name
+from speechtrain.lightning.launch import VERSION_ENV, is_global_rank_zero, job_version, shared_name
 
 logger = logging.getLogger(__name__)
 
-VERSION_ENV = "SPEECHTRAIN_EXP_VERSION"
 DEFAULT_EXP_DIR = "speechtrain_experiments"
 
 

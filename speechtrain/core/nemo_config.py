@@ -256,20 +256,15 @@ _LOSS_KWARGS = {
 }
 
 
+# NeMo's beam searches (transducer and CTC), all run here as speechtrain's one beam search.
+BEAM_STRATEGIES = ("beam", "beam_batch", "maes", "maes_batch", "tsd", "alsd", "malsd_batch", "flashlight",
+                   "pyctcdecode")  # fmt: skip
+
+
 def _decoding_strategy(value: Any) -> str:
     if value in ("greedy", "greedy_batch"):
         return "greedy"
-    if value in (
-        "beam",
-        "beam_batch",
-        "maes",
-        "maes_batch",
-        "tsd",
-        "alsd",
-        "malsd_batch",
-        "flashlight",
-        "pyctcdecode",
-    ):
+    if value in BEAM_STRATEGIES:
         return "beam"
     raise _Refuse("speechtrain decodes greedy or with its beam search (beam)")
 

@@ -14,10 +14,10 @@ from pathlib import Path
 from speechtrain.lightning.slurm import is_slurm_interactive_mode
 
 _RANK_VARIABLES = ("RANK", "LOCAL_RANK", "NODE_RANK", "GROUP_RANK")
+VERSION_ENV = "SPEECHTRAIN_EXP_VERSION"  # the run folder's version, shared by a job's ranks (exp_manager sets it)
 # What a launch leaves in its processes' environment: the rendezvous and ranks (torchrun, Lightning's launcher),
-# Lightning's PL_* settings (its global seed, ...) and the run folder shared by the ranks (exp_manager's VERSION_ENV).
-LAUNCH_VARIABLES = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "LOCAL_WORLD_SIZE", *_RANK_VARIABLES,
-                    "SPEECHTRAIN_EXP_VERSION")  # fmt: skip
+# Lightning's PL_* settings (its global seed, ...) and the run folder shared by the ranks.
+LAUNCH_VARIABLES = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "LOCAL_WORLD_SIZE", *_RANK_VARIABLES, VERSION_ENV)
 BUILD_TIMEOUT_ENV = "SPEECHTRAIN_BUILD_TIMEOUT"
 
 

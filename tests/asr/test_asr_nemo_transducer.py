@@ -2,6 +2,7 @@
 equal NeMo's on the fixtures (made by tools/make_nemo_fixtures.py with NeMo; NeMo is not needed here); export and
 round trip; refusals; transcription and fine-tuning from the file."""
 
+import io
 import json
 
 import pytest
@@ -93,7 +94,7 @@ def test_a_nonzero_blank_embedding_is_zeroed_on_import(tmp_path):
     def perturb(members):
         state = load_weights(tmp_path, members["model_weights.ckpt"])
         state["decoder.prediction.embed.weight"][-1] = 1.0
-        buffer = __import__("io").BytesIO()
+        buffer = io.BytesIO()
         torch.save(state, buffer)
         members["model_weights.ckpt"] = buffer.getvalue()
 
