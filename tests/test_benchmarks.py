@@ -43,6 +43,7 @@ def test_asr_demo_benchmark_runs_the_demo_script_tiny(tmp_path, dtmf_manifest, c
     "name, argv, expected",
     [
         ("fault_tolerance", ["--repeats", "2"], "NonFiniteGuard check"),
+        ("asr_optimizers", ["--cost", "--repeats", "1"], ("| torch.optim.Muon | ", "| GroupedMuon | ")),
         ("synthetic_corpus", ["--utterances", "6", "--workers", "1"], "| eSpeak, 6 utterances | "),
         ("piper_speed", ["--utterances", "2"], "| decoder in torch, bf16 | "),
         ("bridge_size", ["--before", "HEAD"], "| **total** | **"),

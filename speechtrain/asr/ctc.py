@@ -745,6 +745,9 @@ class ConformerCTCModel(CTCModel):
     """Conformer (``striding``, 4x) or FastConformer (``dw_striding``, 8x) encoder with a CTC head."""
 
     Config = ConformerCTCConfig
+    # Muon's input (the subsampling), output (the CTC head) and the self-conditioning's vocabulary projection stay
+    # with AdamW.
+    MUON_ADAMW_MODULES = ("encoder.subsampling", "decoder", "conditioning")
 
     def __init__(self, cfg: Any) -> None:
         super().__init__(cfg)

@@ -259,6 +259,7 @@ class ConformerTransducerModel(ConformerCTCModel):
     """Conformer / FastConformer encoder with an RNN-T or TDT decoder (and, hybrid, a CTC head)."""
 
     Config = ConformerTransducerConfig
+    MUON_ADAMW_MODULES = (*ConformerCTCModel.MUON_ADAMW_MODULES, "joint.out")  # and the joint's output layer
 
     def __init__(self, cfg: Any) -> None:
         super().__init__(cfg)

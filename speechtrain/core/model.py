@@ -31,7 +31,14 @@ from omegaconf import DictConfig, OmegaConf
 from speechtrain.common.batch import NoUsableDataError, is_empty_batch, no_usable_data_message
 from speechtrain.common.config import ConfigError, to_plain, validate_config
 from speechtrain.core.archive import read_model_file, write_archive
-from speechtrain.core.optim import SCHEDULE_ALIASES, SCHEDULES, OptimConfig, build_optimizer, build_scheduler
+from speechtrain.core.optim import (
+    OPTIMIZERS,
+    SCHEDULE_ALIASES,
+    SCHEDULES,
+    OptimConfig,
+    build_optimizer,
+    build_scheduler,
+)
 from speechtrain.lightning import CallbackGroup, Trainer, hook_class_init_with_callbacks, settings
 from speechtrain.lightning.checkpoint import gather_full_state_dict, shard_full_state_dict
 from speechtrain.lightning.megatron_compat import rng_tracker_states, set_rng_tracker_states
@@ -105,7 +112,9 @@ def check_optim_config(optim: Any) -> None:
     """
     merged = OmegaConf.merge(OmegaConf.structured(OptimConfig), optim)
     checks = [
-        ("name", merged.name in ("adamw", "adam", "sgd"), "one of adamw, adam, sgd"),
+        ("name", merged.name in OPTIMIZERS, f"one of {', '.join(OPTIMIZERS)}"),
+        ("muon_momentum", 0 <= merged.muon_momentum < 1, "in [0, 1)"),
+        ("ns_steps", 1 <= merged.ns_steps < 100, "between 1 and 99"),
         ("lr", merged.lr > 0, "> 0"),
         ("weight_decay", merged.weight_decay >= 0, ">= 0"),
         ("betas", len(merged.betas) == 2 and all(0 <= b < 1 for b in merged.betas), "two numbers in [0, 1)"),
@@ -268,6 +277,9 @@ class SpeechModel(pl.LightningModule):
 
     Config: ClassVar[type | None] = None
     registry: ClassVar[dict[str, type["SpeechModel"]]] = {}
+    # model.optim.name=muon: the submodules (dotted names) that stay with AdamW besides embeddings, biases, norms,
+    # convolutions and recurrent weights: the model's input and output layers. None: this model does not run Muon.
+    MUON_ADAMW_MODULES: ClassVar[tuple[str, ...] | None] = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

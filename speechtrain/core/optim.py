@@ -44,17 +44,23 @@ class SchedConfig:
 SCHEDULE_ALIASES = {"CosineAnnealing": "cosine", "NoamAnnealing": "noam", "InverseSquareRootAnnealing": "inverse_sqrt",
                     "WarmupAnnealing": "linear"}  # fmt: skip
 SCHEDULES = ("cosine", "noam", "inverse_sqrt", "linear", "wsd", "constant", "none")
+OPTIMIZERS = ("adamw", "adam", "sgd", "muon")
 
 
 @dataclass
 class OptimConfig:
-    """Optimizer: ``adamw``, ``adam`` or ``sgd``, with its usual hyper-parameters."""
+    """Optimizer: ``adamw``, ``adam``, ``sgd`` or ``muon`` (Muon for the hidden weight matrices, AdamW with ``betas``
+    for the rest, one ``lr`` and schedule for both: :mod:`speechtrain.lightning.muon`), with its usual
+    hyper-parameters (``momentum``: SGD's; ``muon_momentum``, ``ns_steps``: Muon's Nesterov momentum and
+    Newton-Schulz iterations)."""
 
     name: str = "adamw"
     lr: float = 1e-3
     betas: list[float] = field(default_factory=lambda: [0.9, 0.98])
     weight_decay: float = 1e-3
     momentum: float = 0.9
+    muon_momentum: float = 0.95
+    ns_steps: int = 5
     sched: SchedConfig = field(default_factory=SchedConfig)
 
 
@@ -75,8 +81,8 @@ def build_optimizer(params: list[torch.nn.Parameter], cfg: OptimConfig) -> torch
     :class:`speechtrain.lightning.MegatronOptimizer`), covering the model's trainable parameters, which must be
     ``params``. Elsewhere (a plain Lightning run) it is the torch optimizer with the same weight-decay rule.
     """
-    if cfg.name not in ("adamw", "adam", "sgd"):
-        raise ValueError(f"Unknown optimizer model.optim.name={cfg.name!r}; choose adamw, adam or sgd.")
+    if cfg.name not in OPTIMIZERS:
+        raise ValueError(f"Unknown optimizer model.optim.name={cfg.name!r}; choose {', '.join(OPTIMIZERS)}.")
     engine = MegatronParallel.active
     if engine is not None:
         trainable = {id(p) for p in engine.module.parameters() if p.requires_grad}
@@ -97,7 +103,11 @@ def build_optimizer(params: list[torch.nn.Parameter], cfg: OptimConfig) -> torch
             momentum=cfg.momentum,
             precision=precision,
             loss_scaling=getattr(strategy, "loss_scaling", None),
+            muon_momentum=cfg.muon_momentum,
+            ns_steps=cfg.ns_steps,
         )
+    if cfg.name == "muon":
+        raise ValueError("model.optim.name=muon runs under MegatronStrategy (the training scripts' strategy) only.")
     groups = _weight_decay_groups(params, cfg.weight_decay)
     if cfg.name == "sgd":
         return torch.optim.SGD(groups, lr=cfg.lr, momentum=cfg.momentum)

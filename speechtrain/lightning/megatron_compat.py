@@ -169,11 +169,14 @@ def fused_cpu_kernels(optimizer: Any) -> None:
     if not _state["cpu"]:
         return
     for chained in getattr(optimizer, "chained_optimizers", None) or [optimizer]:
-        inner = chained.optimizer
-        fused = isinstance(inner, torch.optim.Adam | torch.optim.AdamW)
-        for group in inner.param_groups:
-            if all(p.device.type == "cpu" and p.is_floating_point() for p in group["params"]):
-                group["fused"], group["foreach"] = (True, False) if fused else (None, True)
+        # (Muon + AdamW, ``speechtrain.lightning.muon``, is two torch optimizers: Muon's own step is batched)
+        for inner in getattr(chained.optimizer, "optimizers", None) or [chained.optimizer]:
+            fused = isinstance(inner, torch.optim.Adam | torch.optim.AdamW)
+            if not fused and not isinstance(inner, torch.optim.SGD):
+                continue
+            for group in inner.param_groups:
+                if all(p.device.type == "cpu" and p.is_floating_point() for p in group["params"]):
+                    group["fused"], group["foreach"] = (True, False) if fused else (None, True)
 
 
 def cuda_tensor_types() -> contextlib.AbstractContextManager:

@@ -13,6 +13,7 @@ sync) -> the guard's decision from that norm and the step's loss (identical on e
 clipping by that norm -> ``step_with_ready_grads``. Megatron's ``step()`` runs the same stages without the guard.
 """
 
+import logging
 import math
 from collections.abc import Callable
 from typing import Any
@@ -20,6 +21,8 @@ from typing import Any
 import torch
 
 from speechtrain.lightning.megatron_compat import cuda_tensor_types, fused_cpu_kernels
+
+logger = logging.getLogger(__name__)
 
 
 class MegatronOptimizer(torch.optim.Optimizer):
@@ -53,13 +56,30 @@ class MegatronOptimizer(torch.optim.Optimizer):
         clip_grad: float = 0.0,
         precision: str = "32-true",
         loss_scaling: dict[str, float] | None = None,
+        muon_momentum: float = 0.95,
+        ns_steps: int = 5,
     ) -> "MegatronOptimizer":
-        """The optimizer named ``name`` (``adamw``, ``adam`` or ``sgd``: checked by
+        """The optimizer named ``name`` (``adamw``, ``adam``, ``sgd`` or ``muon``: checked by
         :func:`speechtrain.core.optim.build_optimizer`) over ``engine``'s model chunk. ``loss_scaling``: the fp16
         loss scaler's ``initial_loss_scale``, ``min_loss_scale``, ``loss_scale_window`` and ``hysteresis`` (Megatron's
-        ``OptimizerConfig`` names; unset ones keep Megatron's defaults, which are NeMo's: 2^32, 1, 1000, 2)."""
+        ``OptimizerConfig`` names; unset ones keep Megatron's defaults, which are NeMo's: 2^32, 1, 1000, 2).
+
+        ``muon``: Megatron's AdamW is built as for ``adamw``, then its hidden weight matrices move to Muon
+        (:mod:`speechtrain.lightning.muon`; ``muon_momentum``, ``ns_steps``), all else staying in Megatron's
+        optimizer (main parameters, loss scaling, norms, clipping, the non-finite guard)."""
         from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
+        adamw_modules = getattr(engine.module, "MUON_ADAMW_MODULES", None)
+        if name == "muon" and adamw_modules is None:
+            raise ValueError(
+                f"model.optim.name=muon: {type(engine.module).__name__} does not name its input and output layers "
+                "(MUON_ADAMW_MODULES), which must stay with AdamW; choose adamw."
+            )
+        if name == "muon" and engine.use_distributed_optimizer:
+            raise ValueError(
+                "model.optim.name=muon cannot run with trainer.strategy.use_distributed_optimizer=true: the "
+                "distributed optimizer shards flat slices of many matrices, and Muon updates whole matrices."
+            )
         config = OptimizerConfig(
             optimizer="sgd" if name == "sgd" else "adam",
             lr=lr,
@@ -80,6 +100,11 @@ class MegatronOptimizer(torch.optim.Optimizer):
             mcore = get_megatron_optimizer(config, [engine.ddp])
         if len(getattr(mcore, "chained_optimizers", ())) == 1:  # a chain of one (no expert parameters here)
             mcore = mcore.chained_optimizers[0]
+        if name == "muon":
+            mcore.optimizer = _muon_over(mcore, engine.module, adamw_modules, muon_momentum, ns_steps)
+            # Megatron matches a checkpoint's groups to the optimizer's by (wd_mult, lr_mult, ...), which the Muon
+            # and AdamW halves of one of its groups share; the saved groups come in the order this build makes.
+            mcore._filter_and_reorder_param_groups = lambda current, saved: saved
         fused_cpu_kernels(mcore)
         # Megatron's own LR scheduler applies the per-group multipliers at every step; under Lightning's
         # schedulers (which scale each group's initial lr) they are applied once, here.
@@ -133,3 +158,26 @@ class MegatronOptimizer(torch.optim.Optimizer):
             self.mcore.load_state_dict(state_dict["common"])
             self.mcore.load_parameter_state_from_dp_zero(state_dict["param_state"])
         fused_cpu_kernels(self.mcore)  # the loaded groups carry the flags they were saved with
+
+
+def _muon_over(mcore: Any, module: torch.nn.Module, adamw_modules: Any, momentum: float, ns_steps: int) -> Any:
+    """Megatron's inner AdamW (``mcore.optimizer``) split into Muon + AdamW (:mod:`speechtrain.lightning.muon`),
+    the data-parallel ranks sharing Muon's iterations. Under ``bf16-true`` Megatron's groups hold fp32 main copies
+    of the bf16 weights, in the same places: the matrices are found through the copies."""
+    from speechtrain.lightning import parallel_state
+    from speechtrain.lightning.muon import muon_parameters, split_for_muon
+
+    chosen = muon_parameters(module, adamw_modules)
+    for model_params, main_params in zip(getattr(mcore, "float16_groups", ()),
+                                         getattr(mcore, "fp32_from_float16_groups", ()), strict=True):  # fmt: skip
+        chosen |= {id(main) for p, main in zip(model_params, main_params, strict=True) if id(p) in chosen}
+    ranks = parallel_state.data_parallel_world_size()
+    split = split_for_muon(
+        mcore.optimizer, chosen, momentum, ns_steps, parallel_state.data_parallel_group() if ranks > 1 else None
+    )
+    matrices = [p for g in split.muon.param_groups for p in g["params"]]
+    others = [p for o in split.optimizers[1:] for g in o.param_groups for p in g["params"]]
+    logger.info("Muon on %d weight matrices (%.2fM parameters, iterations shared by %d data-parallel ranks), AdamW "
+                "on %d other tensors (%.2fM).", len(matrices), sum(p.numel() for p in matrices) / 1e6, ranks,
+                len(others), sum(p.numel() for p in others) / 1e6)  # fmt: skip
+    return split

@@ -383,6 +383,7 @@ def test_the_example_picks_the_transducer_for_its_configs_and_trains(tmp_path, d
     assert (demo.model.size, demo.trainer.max_time, demo.model.loss) == ("demo", "00:00:17:00", "tdt")
     demo = compose_config(conf, "asr_train_hybrid", [], schema)  # make demo: TDT + CTC, the half-rate layers kept
     assert (demo.model.hybrid, demo.model.encoder.time_reduce_idx, demo.model.decoding.strategy) == (True, 2, "beam")
+    assert demo.model.optim.name == "muon"  # (the 4 steps below train with it)
     assert compose_config(conf, "asr_train_rnnt", [], schema).model.loss == "rnnt"
     tokenizer = tmp_path / "digits.json"
     CharTokenizer(DIGITS).save(tokenizer)
