@@ -4,14 +4,15 @@ Muon (momentum orthogonalised by Newton-Schulz; Keller Jordan, 2024) updates eac
 momentum made (roughly) orthogonal, ``U V^T`` of the momentum's SVD, computed by five bf16 Newton-Schulz iterations.
 The update is scaled by ``0.2 * sqrt(max(rows, cols))`` (Moonshot's rule, torch's ``adjust_lr_fn="match_rms_adamw"``)
 so that its RMS matches AdamW's and the same learning rate and schedule serve both halves. Embeddings, the input
-and output layers (the model names them: :attr:`speechtrain.core.model.ModelPT.MUON_ADAMW_MODULES`), biases, norms,
+and output layers (the model names them: :attr:`speechtrain.core.model.SpeechModel.MUON_ADAMW_MODULES`), biases, norms,
 convolutions and recurrent weights stay with AdamW, as Muon's authors prescribe.
 
 Why this file and not the engine's: Megatron Core 0.16's Muon (``get_megatron_muon_optimizer``) needs the
 ``emerging-optimizers`` package, which ships for Python >= 3.12 only (this project's pin is 3.11); torch's own
-``torch.optim.Muon`` computes the same update one matrix at a time, 82 ms per step for the CPU demo model's 92
+``torch.optim.Muon`` computes the same update one matrix at a time, 78 ms per step for the CPU demo model's 92
 matrices (one thread), where :func:`orthogonalize` stacks the matrices of one shape and runs the iterations as
-batched products (50 ms). Its numbers are torch's (tested against ``torch.optim.Muon``).
+batched products (57 ms; ``benchmarks/asr_optimizers.py --cost``). Its numbers are torch's (tested against
+``torch.optim.Muon``).
 
 Data parallelism: every data-parallel rank holds the same reduced gradients and momentum, so each orthogonalises
 only its share of the matrices and one ``all_gather`` (bf16, one per step, the same layout on every rank whatever the
