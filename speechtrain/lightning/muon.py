@@ -23,6 +23,7 @@ the full matrix's orthogonalisation: a TP run's numbers differ from TP=1's. Not 
 whose shards are flat slices of many matrices.
 """
 
+import functools
 import math
 from collections.abc import Callable, Iterable, MutableMapping
 from typing import Any
@@ -113,7 +114,7 @@ class GroupedMuon(torch.optim.Optimizer):
             return []
         world = 1 if self.group is None else torch.distributed.get_world_size(self.group)
         rank = 0 if self.group is None else torch.distributed.get_rank(self.group)
-        shares = _assign(jobs, world)
+        shares = _assign(tuple(tuple(p.shape) for p, _, _ in jobs), world)
         out: list[torch.Tensor | None] = [None] * len(jobs)
         mine = {}
         for (_, dtype, steps, eps), indices in _by_kind(jobs, shares[rank]).items():
@@ -150,17 +151,18 @@ def _by_kind(jobs: list, indices: list[int]) -> dict[tuple, list[int]]:
     return kinds
 
 
-def _assign(jobs: list, world: int) -> list[list[int]]:
-    """Matrices to ranks, balancing the iterations' cost (rows * cols * min(rows, cols) each), largest first; from
-    the shapes alone, so every rank computes the same assignment."""
+@functools.lru_cache(maxsize=8)
+def _assign(shapes: tuple[tuple[int, ...], ...], world: int) -> tuple[tuple[int, ...], ...]:
+    """Matrices (by index into ``shapes``) to ranks, balancing the iterations' cost (rows * cols * min(rows, cols)
+    each), largest first; from the shapes alone, so every rank computes the same assignment (once: cached)."""
     shares: list[list[int]] = [[] for _ in range(world)]
     load = [0] * world
-    cost = [jobs[i][0].shape[0] * jobs[i][0].shape[1] * min(jobs[i][0].shape) for i in range(len(jobs))]
-    for i in sorted(range(len(jobs)), key=lambda i: (-cost[i], i)):
+    cost = [shape[0] * shape[1] * min(shape) for shape in shapes]
+    for i in sorted(range(len(shapes)), key=lambda i: (-cost[i], i)):
         r = min(range(world), key=lambda r: (load[r], r))
         shares[r].append(i)
         load[r] += cost[i]
-    return [sorted(share) for share in shares]
+    return tuple(tuple(sorted(share)) for share in shares)
 
 
 class MuonWithAdamW(torch.optim.Optimizer):
