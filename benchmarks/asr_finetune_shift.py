@@ -23,9 +23,9 @@ import torch
 from speechtrain.asr.transcribe import transcribe_paths
 from speechtrain.common.metrics import word_error_rate
 from speechtrain.core.model import SpeechModel
+from speechtrain.corpora.builtin import resolve_manifest
 from speechtrain.data.augment import change_speed
 from speechtrain.data.manifest import read_nemo_manifest
-from speechtrain.data.synthetic import resolve_manifest
 
 ROOT = Path(__file__).resolve().parents[1]
 FACTOR = 1.3

@@ -81,8 +81,8 @@ def transcription_rtfx(size: str, count: int = 300) -> float:
 
     from speechtrain.asr.ctc import ConformerCTCModel, ensure_tokenizer
     from speechtrain.asr.transcribe import transcribe_paths
+    from speechtrain.corpora.builtin import resolve_manifest
     from speechtrain.data.manifest import read_nemo_manifest
-    from speechtrain.data.synthetic import resolve_manifest
 
     cfg = OmegaConf.load(ROOT / "examples" / "conf" / "asr_train.yaml").model
     cfg.size = size

@@ -17,6 +17,7 @@ import random
 import time
 
 from speechtrain.common.tokenizers import CharTokenizer
+from speechtrain.corpora.speech_corpus import build_corpus
 from speechtrain.data.cut_datasets import AsrCutDataset
 from speechtrain.data.lhotse_loader import (
     LoaderConfig,
@@ -25,7 +26,6 @@ from speechtrain.data.lhotse_loader import (
     loader_config,
     read_cuts,
 )
-from speechtrain.data.speech_corpus import build_corpus
 
 
 def padding_ratio(cuts, cfg: LoaderConfig) -> tuple[float, float]:

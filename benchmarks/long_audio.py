@@ -26,7 +26,7 @@ import torch
 from speechtrain.asr import metrics
 from speechtrain.asr.ctc import INTERCTC_OFF, UNET_OFF
 from speechtrain.asr.transcribe import transcribe_paths
-from speechtrain.data.synthetic import make_dtmf_corpus
+from speechtrain.corpora.dtmf import make_dtmf_corpus
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 

@@ -22,7 +22,7 @@ def main(argv: list[str] | None = None) -> None:
     import onnx
     import torch
 
-    from speechtrain.data import speech_corpus as sc
+    from speechtrain.corpora import engines as sc
 
     sc._init_worker()
     planned = sc.plan_speech(10.0, 0, None, sc.HELDOUT_ENGINE, sc.HELDOUT_UTTERANCES)

@@ -9,7 +9,7 @@ import argparse
 import tempfile
 import time
 
-from speechtrain.data.speech_corpus import build_corpus, build_speech_corpus
+from speechtrain.corpora.speech_corpus import build_corpus, build_speech_corpus
 
 
 def main(argv: list[str] | None = None) -> None:

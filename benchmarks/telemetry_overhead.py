@@ -26,7 +26,7 @@ import torch
 
 from speechtrain.asr.ctc import ConformerCTCModel
 from speechtrain.core.exp_manager import exp_manager
-from speechtrain.data.synthetic import make_dtmf_corpus
+from speechtrain.corpora.dtmf import make_dtmf_corpus
 from speechtrain.lightning import CallbackGroup, TelemetryCallback, Trainer
 
 

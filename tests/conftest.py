@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from speechtrain.asr.ctc import INTERCTC_OFF, UNET_OFF
-from speechtrain.data.synthetic import make_dtmf_corpus
+from speechtrain.corpora.dtmf import make_dtmf_corpus
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 

@@ -66,7 +66,7 @@ class TokenizerConfig:
 
 def resolve_manifest(name: Any) -> str:
     """A manifest path, with ``builtin:<corpus>/<split>`` names resolved (built on first use)."""
-    from speechtrain.data.synthetic import resolve_manifest as resolve
+    from speechtrain.corpora.builtin import resolve_manifest as resolve
 
     return str(resolve(name))
 

@@ -18,8 +18,8 @@ from collections.abc import Sequence
 from speechtrain.asr.features import PreprocessorConfig
 from speechtrain.common.cli import fail
 from speechtrain.common.tokenizers import SentencePieceTokenizer, train_sentencepiece
+from speechtrain.corpora.builtin import resolve_manifest
 from speechtrain.data.manifest import read_nemo_manifest
-from speechtrain.data.synthetic import resolve_manifest
 
 SUBSAMPLING_FACTORS = (4, 8)
 

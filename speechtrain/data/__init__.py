@@ -1,1 +1,1 @@
-"""Speech data: manifests, datasets, collators, samplers and the built-in synthetic corpus."""
+"""Speech data: manifests, datasets, collators, samplers and loaders (built-in corpora: :mod:`speechtrain.corpora`)."""

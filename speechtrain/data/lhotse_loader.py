@@ -176,7 +176,7 @@ def _source(entry: Any, sample_rate: int, seed: int, where: str) -> Any:
     if not isinstance(repeat, int) or isinstance(repeat, bool) or repeat < 1:
         raise ValueError(f"{where}.repeat must be a whole number >= 1, got {repeat!r}.")
     if kind == "nemo":
-        from speechtrain.data.synthetic import resolve_manifest
+        from speechtrain.corpora.builtin import resolve_manifest
 
         cuts = cuts_from_nemo_manifest(resolve_manifest(entry["manifest_filepath"]), sample_rate)
     elif kind == "lhotse":

@@ -26,9 +26,9 @@ from typing import Any
 import torch
 from lhotse.dataset.sampling.base import TokenConstraint
 
+from speechtrain.corpora.sentences import spell_number
 from speechtrain.data.cut_datasets import CutDataset, pad_1d
 from speechtrain.data.lhotse_loader import LoaderConfig
-from speechtrain.data.sentences import spell_number
 from speechtrain.speechlm.prompts import Turn, conversation_from_jsonl, get_template
 from speechtrain.speechlm.tokenizer import AUDIO_PLACEHOLDER
 

@@ -66,8 +66,8 @@ class GenerateConfig:
 def _manifest_cuts(manifest: str, sample_rate: int, limit: int | None) -> Any:
     from lhotse import CutSet
 
+    from speechtrain.corpora.builtin import resolve_manifest
     from speechtrain.data.lhotse_loader import cuts_from_nemo_manifest
-    from speechtrain.data.synthetic import resolve_manifest
 
     cuts = cuts_from_nemo_manifest(str(resolve_manifest(manifest)), sample_rate)
     return CutSet.from_cuts(list(cuts)[:limit] if limit else cuts)

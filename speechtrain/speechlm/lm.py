@@ -51,8 +51,8 @@ class GPTPretrainConfig:
 def corpus_sentences(count: int, corpus_seed: int = 0, generator_seed: int = 1) -> list[str]:
     """``count`` distinct generated sentences that the built-in corpus (seed ``corpus_seed``) puts in its train
     split: no dev or test sentence among them."""
-    from speechtrain.data.sentences import SentenceGenerator, split_of
-    from speechtrain.data.speech_corpus import SPLITS
+    from speechtrain.corpora.sentences import SentenceGenerator, split_of
+    from speechtrain.corpora.speech_corpus import SPLITS
 
     generator = SentenceGenerator(generator_seed)
     kept: list[str] = []

@@ -589,7 +589,7 @@ class SALMModel(SpeechModel):
     def _build_loader(self, ds_node: Any) -> DataLoader | None:
         from lhotse import CutSet
 
-        from speechtrain.data.synthetic import resolve_manifest
+        from speechtrain.corpora.builtin import resolve_manifest
 
         cfg = ds_node if isinstance(ds_node, SalmLoaderConfig) else OmegaConf.to_object(ds_node)
         if not (cfg.manifest_filepath or cfg.cuts_path or cfg.shar_path or cfg.input_cfg or cfg.conversations_path):

@@ -255,8 +255,8 @@ def load_audio(path: str, sample_rate: int) -> torch.Tensor:
 
 def manifest_rows(manifest: str, count: int) -> list[dict[str, Any]]:
     """``count`` rows spread evenly over a manifest (``builtin:`` names resolved): the same for every run."""
+    from speechtrain.corpora.builtin import resolve_manifest
     from speechtrain.data.manifest import read_nemo_manifest
-    from speechtrain.data.synthetic import resolve_manifest
 
     rows = read_nemo_manifest(resolve_manifest(manifest))
     step = max(1, len(rows) // max(count, 1))
@@ -285,7 +285,7 @@ def ensure_codec(cfg: Any, manifest: str, max_utterances: int = 600) -> Path:
 
     from omegaconf import OmegaConf
 
-    from speechtrain.data.synthetic import resolve_manifest
+    from speechtrain.corpora.builtin import resolve_manifest
     from speechtrain.lightning import settings
 
     plain = OmegaConf.to_container(cfg) if OmegaConf.is_config(cfg) else dataclasses.asdict(cfg)

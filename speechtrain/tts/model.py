@@ -498,7 +498,7 @@ class TTSModel(SpeechModel):
             self._val_loaders = [loader] if loader is not None else []
 
     def _build_loader(self, ds_cfg: Any, manifests: Any) -> DataLoader | None:
-        from speechtrain.data.synthetic import resolve_manifest
+        from speechtrain.corpora.builtin import resolve_manifest
 
         if not manifests:
             return None
@@ -716,8 +716,8 @@ def prepare_tts_config(model_cfg: Any, codec_model: str | None, codec_utterances
     (None: a codec of ``model_cfg.codec`` fitted on ``codec_utterances`` utterances of the first training
     manifest, cached), and the text front-end's symbol inventory from the training transcripts when
     ``text.vocab`` is null. Returns the codec, whose codebooks the model then loads."""
+    from speechtrain.corpora.builtin import resolve_manifest
     from speechtrain.data.manifest import read_nemo_manifest
-    from speechtrain.data.synthetic import resolve_manifest
     from speechtrain.tts.codec import ensure_codec
 
     manifests = model_cfg.train_ds.manifest_filepath

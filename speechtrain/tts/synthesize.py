@@ -112,8 +112,8 @@ def parse_args(argv: Sequence[str]) -> SynthesizeConfig:
 def _texts(cfg: SynthesizeConfig) -> list[str]:
     if cfg.text is not None:
         return [cfg.text]
+    from speechtrain.corpora.builtin import resolve_manifest
     from speechtrain.data.manifest import read_nemo_manifest
-    from speechtrain.data.synthetic import resolve_manifest
 
     rows = read_nemo_manifest(resolve_manifest(cfg.manifest))
     texts = [r["text"] for r in rows if r.get("text")]

@@ -19,7 +19,7 @@ def phonemize(text: str, voice: str = "en-us") -> str:
     """IPA phonemes of ``text`` (eSpeak NG; words separated by spaces)."""
     global _espeak
     if _espeak is None:
-        from speechtrain.data.speech_corpus import _Espeak
+        from speechtrain.corpora.engines import _Espeak
 
         _espeak = _Espeak()
     return _espeak.phonemes(text, voice)

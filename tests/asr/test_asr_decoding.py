@@ -123,7 +123,7 @@ def _model_config(manifest, lm_path):
 def test_the_lm_and_tokenizer_read_input_cfg_manifests_once_and_an_engine_view_as_its_split(tmp_path, monkeypatch):
     from types import SimpleNamespace
 
-    import speechtrain.data.synthetic as synthetic
+    import speechtrain.corpora.builtin as synthetic
     from speechtrain.asr.ctc import _training_texts
 
     a, b, c = (tmp_path / f"{n}.json" for n in "abc")

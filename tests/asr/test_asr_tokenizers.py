@@ -8,7 +8,7 @@ import torch
 
 from speechtrain.asr.tokenizer import ctc_min_frames, main
 from speechtrain.common.tokenizers import CharTokenizer, SentencePieceTokenizer, load_tokenizer, train_sentencepiece
-from speechtrain.data.sentences import SentenceGenerator
+from speechtrain.corpora.sentences import SentenceGenerator
 
 
 def test_from_texts_sorts_unique_characters():
@@ -191,7 +191,7 @@ def test_training_is_deterministic(sentences, bpe_path, tmp_path):
     # Another process gives the same model (SentencePiece's own sampling would not).
     script = (
         "import sys; from speechtrain.common.tokenizers import train_sentencepiece; "
-        "from speechtrain.data.sentences import SentenceGenerator; "
+        "from speechtrain.corpora.sentences import SentenceGenerator; "
         "train_sentencepiece(SentenceGenerator(seed=0).sentences(300), sys.argv[1], 64, max_sentences=150, seed=1)"
     )
     subprocess.run([sys.executable, "-c", script, str(tmp_path / "other")], check=True)

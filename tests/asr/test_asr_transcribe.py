@@ -13,8 +13,8 @@ from conftest import tiny_ctc_config
 from speechtrain.asr.conv_ctc import ConvCTCModel
 from speechtrain.asr.transcribe import main, plan_batches, transcribe_paths
 from speechtrain.core.model import SpeechModel
+from speechtrain.corpora.dtmf import make_dtmf_corpus
 from speechtrain.data.manifest import read_nemo_manifest
-from speechtrain.data.synthetic import make_dtmf_corpus
 
 
 @pytest.fixture(scope="module")

@@ -8,9 +8,9 @@ import torch
 from torch.utils.data import DataLoader
 
 from speechtrain.common.tokenizers import CharTokenizer
+from speechtrain.corpora.dtmf import make_dtmf_corpus
 from speechtrain.data import audio_text
 from speechtrain.data.audio_text import SKIP_REASONS, AudioTextDataset, collate_audio_text
-from speechtrain.data.synthetic import make_dtmf_corpus
 
 SR = 16000
 TOKENIZER = CharTokenizer(list(" abc"))

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from speechtrain.common.tokenizers import CharTokenizer
+from speechtrain.corpora.dtmf import make_dtmf_corpus
 from speechtrain.data.cut_datasets import AsrCutDataset
 from speechtrain.data.lhotse_loader import (
     LoaderConfig,
@@ -11,7 +12,6 @@ from speechtrain.data.lhotse_loader import (
     get_lhotse_dataloader_from_config,
     read_cuts,
 )
-from speechtrain.data.synthetic import make_dtmf_corpus
 
 TOKENIZER = CharTokenizer([" ", *"0123456789"])
 

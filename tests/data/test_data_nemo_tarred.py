@@ -8,11 +8,11 @@ import pytest
 import torch
 
 from speechtrain.asr.tokenizers import CharTokenizer
+from speechtrain.corpora.dtmf import make_dtmf_corpus
 from speechtrain.data.cut_datasets import AsrCutDataset
 from speechtrain.data.lhotse_loader import LoaderConfig, get_lhotse_dataloader_from_config, read_cuts
 from speechtrain.data.manifest import ManifestError
 from speechtrain.data.nemo_adapters import LazyNeMoTarredIterator, expand_paths, write_tarred_dataset
-from speechtrain.data.synthetic import make_dtmf_corpus
 
 TOKENIZER = CharTokenizer([" ", *"0123456789"])
 SHARDS = 6

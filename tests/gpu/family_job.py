@@ -40,7 +40,7 @@ def main() -> None:
 
     from test_device_discipline import family_model
 
-    from speechtrain.data.synthetic import make_dtmf_corpus
+    from speechtrain.corpora.dtmf import make_dtmf_corpus
     from speechtrain.lightning import MegatronStrategy, Trainer
     from speechtrain.testing.devices import RecordDevicelessFactories
 

@@ -132,7 +132,7 @@ def _asr_command(tmp_path: Path, manifest: Path, devices: int, *extra: str, reci
 
 @pytest.fixture(scope="module")
 def dtmf(tmp_path_factory):
-    from speechtrain.data.synthetic import make_dtmf_corpus
+    from speechtrain.corpora.dtmf import make_dtmf_corpus
 
     return make_dtmf_corpus(tmp_path_factory.mktemp("dtmf"), 128, seed=7)
 

@@ -35,7 +35,7 @@ def toy_batches():
 def salm_batches():
     from test_speechlm_model import TEXTS, tiny_salm_config
 
-    from speechtrain.data.synthetic import make_dtmf_corpus
+    from speechtrain.corpora.dtmf import make_dtmf_corpus
     from speechtrain.speechlm.model import SALMModel
     from speechtrain.speechlm.prompts import get_template
     from speechtrain.speechlm.tokenizer import train_bpe_tokenizer

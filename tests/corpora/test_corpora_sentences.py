@@ -7,8 +7,7 @@ from collections import Counter
 
 import pytest
 
-from speechtrain.data import sentences
-from speechtrain.data.sentences import (
+from speechtrain.corpora.sentences import (
     TEMPLATES,
     SentenceGenerator,
     normalize_transcript,
@@ -18,6 +17,7 @@ from speechtrain.data.sentences import (
     spell_year,
     split_of,
 )
+from speechtrain.corpora import sentences
 
 TRANSCRIPT_RE = re.compile(r"[a-z']+(?: [a-z']+)*")
 
@@ -174,7 +174,7 @@ def test_single_sentences_are_valid_and_deterministic():
 
 def test_output_does_not_depend_on_python_hash_seed():
     code = (
-        "from speechtrain.data.sentences import SentenceGenerator\n"
+        "from speechtrain.corpora.sentences import SentenceGenerator\n"
         "print('|'.join(SentenceGenerator(3).sentences(300)))"
     )
     outputs = set()

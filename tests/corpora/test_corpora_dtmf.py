@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from speechtrain.data import synthetic
-from speechtrain.data.synthetic import (
+from speechtrain.corpora import dtmf as synthetic
+from speechtrain.corpora.cache import default_datasets_cache
+from speechtrain.corpora.dtmf import (
     DTMF_FREQUENCIES,
-    default_datasets_cache,
     make_dtmf_corpus,
     prepare_dtmf_corpus,
     render_digits,

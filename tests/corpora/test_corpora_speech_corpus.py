@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 import soundfile as sf
 
+from speechtrain.corpora.speech_corpus import SAMPLE_RATE, build_corpus, plan, split_voices
 from speechtrain.data.manifest import read_nemo_manifest
-from speechtrain.data.speech_corpus import SAMPLE_RATE, build_corpus, plan, split_voices
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +57,7 @@ def test_lhotse_cuts_load(corpus):
 
 def test_finished_corpus_is_reused(corpus, monkeypatch):
     root, record = corpus
-    import speechtrain.data.speech_corpus as module
+    import speechtrain.corpora.speech_corpus as module
 
     monkeypatch.setattr(module, "plan", lambda *a, **k: pytest.fail("a finished corpus must not be rebuilt"))
     assert build_corpus(root, hours=0.03, seed=3) == record
@@ -65,7 +65,7 @@ def test_finished_corpus_is_reused(corpus, monkeypatch):
 
 
 def test_speech_plan_mixes_engines_and_keeps_the_heldout_engine_out_of_training():
-    from speechtrain.data.speech_corpus import HELDOUT_SPLITS, plan_speech
+    from speechtrain.corpora.speech_corpus import HELDOUT_SPLITS, plan_speech
 
     planned = plan_speech(0.3, seed=2, engines={"espeak": 3, "piper": 1}, heldout="flite", heldout_utterances=12)
     assert planned == plan_speech(0.3, seed=2, engines={"espeak": 3, "piper": 1}, heldout="flite",
@@ -86,8 +86,8 @@ def test_speech_plan_mixes_engines_and_keeps_the_heldout_engine_out_of_training(
 
 
 def test_extra_training_speech_leaves_every_other_split_unchanged_and_reads_only_new_train_pool_sentences():
-    from speechtrain.data.sentences import split_of
-    from speechtrain.data.speech_corpus import EXTRA_SPLIT, SPLITS, plan_speech
+    from speechtrain.corpora.sentences import split_of
+    from speechtrain.corpora.speech_corpus import EXTRA_SPLIT, SPLITS, plan_speech
 
     engines = {"espeak": 3, "piper": 1}
     base = plan_speech(0.1, seed=2, engines=engines, heldout="flite", heldout_utterances=5)
@@ -109,8 +109,8 @@ def test_extra_training_speech_leaves_every_other_split_unchanged_and_reads_only
 
 
 def test_builtin_train_extra_names_resolve_to_the_extra_corpus(monkeypatch, tmp_path):
-    import speechtrain.data.speech_corpus as speech_corpus
-    from speechtrain.data.synthetic import SPEECH_DEFAULT_HOURS, resolve_manifest
+    import speechtrain.corpora.builtin as builtin
+    from speechtrain.corpora.builtin import SPEECH_DEFAULT_HOURS, SPEECH_EXTRA, resolve_manifest
 
     calls = []
 
@@ -118,19 +118,19 @@ def test_builtin_train_extra_names_resolve_to_the_extra_corpus(monkeypatch, tmp_
         calls.append((extra, hours, seed))
         return {"splits": {"train_extra": {"manifest": str(tmp_path / "manifest.json")}}}
 
-    monkeypatch.setattr(speech_corpus, "build_speech_extra", fake_extra)
+    monkeypatch.setattr(builtin, "build_speech_extra", fake_extra)
     assert resolve_manifest("builtin:speech/train_extra") == tmp_path / "manifest.json"
     resolve_manifest("builtin:speech-2h/train_extra-espeak6h-piper1.5h")
-    assert calls == [(speech_corpus.SPEECH_EXTRA, SPEECH_DEFAULT_HOURS, 0), ({"espeak": 6.0, "piper": 1.5}, 2.0, 0)]
+    assert calls == [(SPEECH_EXTRA, SPEECH_DEFAULT_HOURS, 0), ({"espeak": 6.0, "piper": 1.5}, 2.0, 0)]
     with pytest.raises(ValueError, match="train_extra"):
         resolve_manifest("builtin:speech/train_extra-espeak")
 
 
 def test_an_extra_corpus_renders_only_its_own_utterances(tmp_path, monkeypatch):
-    import speechtrain.data.synthetic as synthetic
-    from speechtrain.data.speech_corpus import build_speech_extra
+    import speechtrain.corpora.speech_corpus as speech_corpus
+    from speechtrain.corpora.speech_corpus import build_speech_extra
 
-    monkeypatch.setattr(synthetic, "default_datasets_cache", lambda: tmp_path)
+    monkeypatch.setattr(speech_corpus, "default_datasets_cache", lambda: tmp_path)
     record = build_speech_extra({"espeak": 0.01}, hours=0.02, seed=1, workers=1, engines={"espeak": 1},
                                 heldout=None)  # fmt: skip
     assert set(record["splits"]) == {"train_extra"} and record["params"]["extra"] == {"espeak": 0.01}
@@ -141,7 +141,7 @@ def test_an_extra_corpus_renders_only_its_own_utterances(tmp_path, monkeypatch):
 def test_a_heldout_engine_keeps_only_people_that_no_training_engine_reads_with():
     """Festival's kal diphones are Flite's kal and kal16, and both have an slt voice: with Festival in training,
     the held-out Flite sets are read by awb and rms alone."""
-    from speechtrain.data.speech_corpus import HELDOUT_SPLITS, plan_speech
+    from speechtrain.corpora.speech_corpus import HELDOUT_SPLITS, plan_speech
 
     def heldout_voices(engines):
         planned = plan_speech(0.05, seed=1, engines=engines, heldout="flite", heldout_utterances=60)
@@ -157,7 +157,7 @@ def test_a_heldout_engine_keeps_only_people_that_no_training_engine_reads_with()
 def test_a_tiny_multi_engine_corpus_records_engine_voice_and_warp(tmp_path):
     import shutil
 
-    from speechtrain.data.speech_corpus import build_speech_corpus
+    from speechtrain.corpora.speech_corpus import build_speech_corpus
 
     heldout = "flite" if shutil.which("flite") else None
     record = build_speech_corpus(tmp_path, hours=0.02, seed=1, workers=2, engines={"espeak": 1, "piper": 1},
@@ -179,8 +179,8 @@ def test_a_tiny_multi_engine_corpus_records_engine_voice_and_warp(tmp_path):
 
 
 def test_builtin_speech_names_resolve_to_the_multi_engine_corpus(monkeypatch, tmp_path):
-    import speechtrain.data.speech_corpus as speech_corpus
-    from speechtrain.data.synthetic import SPEECH_DEFAULT_HOURS, resolve_manifest
+    import speechtrain.corpora.builtin as builtin
+    from speechtrain.corpora.builtin import SPEECH_DEFAULT_HOURS, resolve_manifest
 
     calls = []
 
@@ -189,7 +189,7 @@ def test_builtin_speech_names_resolve_to_the_multi_engine_corpus(monkeypatch, tm
         splits = ("train", "dev", "test", "heldout_engine", "heldout_engine_train")
         return {"splits": {s: {"manifest": str(tmp_path / s / "manifest.json")} for s in splits}}
 
-    monkeypatch.setattr(speech_corpus, "build_speech_corpus", fake_build)
+    monkeypatch.setattr(builtin, "build_speech_corpus", fake_build)
     assert resolve_manifest("builtin:speech/heldout_engine") == tmp_path / "heldout_engine" / "manifest.json"
     assert resolve_manifest("builtin:speech-2h-seed3/train") == tmp_path / "train" / "manifest.json"
     assert calls == [(SPEECH_DEFAULT_HOURS, 0), (2.0, 3)]
@@ -198,18 +198,19 @@ def test_builtin_speech_names_resolve_to_the_multi_engine_corpus(monkeypatch, tm
 
 
 def test_a_missing_flite_or_festival_program_is_named_with_its_install_command(monkeypatch):
-    import speechtrain.data.speech_corpus as speech_corpus
+    import speechtrain.corpora.engines as engines
 
-    monkeypatch.setattr(speech_corpus.shutil, "which", lambda name: None)
+    monkeypatch.setattr(engines.shutil, "which", lambda name: None)
     with pytest.raises(RuntimeError, match="apt-get install flite"):
-        speech_corpus._Flite()
+        engines._Flite()
     with pytest.raises(RuntimeError, match="apt-get install festival festvox-kallpc16k"):
-        speech_corpus._Festival()
+        engines._Festival()
 
 
 @pytest.mark.skipif(shutil.which("festival") is None, reason="Festival is not installed (make install adds it)")
 def test_festival_reads_each_voice_in_one_process_and_names_a_voice_it_lacks(tmp_path):
-    from speechtrain.data.speech_corpus import FESTIVAL_VOICES, Utterance, _Festival
+    from speechtrain.corpora.engines import Utterance, _Festival
+    from speechtrain.corpora.speech_corpus import FESTIVAL_VOICES
 
     festival = _Festival()
     text = "she read forty two books, didn't she?"
@@ -244,7 +245,7 @@ def test_processes_asking_for_the_same_corpus_at_once_build_it_once(tmp_path):
 
 
 def test_an_engine_view_keeps_one_engines_utterances_of_a_builtin_split(tmp_path, monkeypatch):
-    import speechtrain.data.synthetic as synthetic
+    import speechtrain.corpora.builtin as synthetic
 
     folder = tmp_path / "train"
     (folder / "audio").mkdir(parents=True)
@@ -269,10 +270,10 @@ def test_an_engine_view_keeps_one_engines_utterances_of_a_builtin_split(tmp_path
 
 
 def test_the_corpus_command_builds_named_builtin_manifests(monkeypatch, capsys, tmp_path):
-    """`make demo` builds its corpus with `python -m speechtrain.data.synthetic NAME ...` before it sets the
+    """`make demo` builds its corpus with `python -m speechtrain.corpora.builtin NAME ...` before it sets the
     training budget: each name is resolved (built or reused) as a config would, and its manifest printed."""
-    import speechtrain.data.synthetic as synthetic
-    from speechtrain.data.speech_corpus import main
+    import speechtrain.corpora.builtin as synthetic
+    from speechtrain.corpora.builtin import main
 
     asked = []
     monkeypatch.setattr(synthetic, "resolve_manifest", lambda name: asked.append(name) or tmp_path / "m.json")
@@ -312,7 +313,7 @@ def test_the_torch_conv_tail_computes_what_onnx_runtime_does_and_cuts_its_paddin
     import onnxruntime
     import torch
 
-    from speechtrain.data.speech_corpus import _ConvTail
+    from speechtrain.corpora.engines import _ConvTail
 
     model = _conv_graph()
     session = onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
@@ -329,7 +330,7 @@ def test_the_torch_conv_tail_computes_what_onnx_runtime_does_and_cuts_its_paddin
 
 
 def test_a_conv_tail_with_an_operator_it_cannot_run_is_refused_by_name():
-    from speechtrain.data.speech_corpus import _ConvTail
+    from speechtrain.corpora.engines import _ConvTail
 
     with pytest.raises(ValueError, match="Sigmoid"):
         _ConvTail(_conv_graph("Sigmoid"), "/dec/")
@@ -338,7 +339,7 @@ def test_a_conv_tail_with_an_operator_it_cannot_run_is_refused_by_name():
 
 
 def test_piper_with_its_decoder_in_bf16_reads_as_onnx_runtime_does():
-    from speechtrain.data.speech_corpus import Utterance, _Piper
+    from speechtrain.corpora.engines import Utterance, _Piper
 
     u = Utterance(id="u", split="train", text="seven ducks swam in the river", voice="joe", rate=160, pitch=50,
                   engine="piper", warp=1.0, noise=0.6)  # fmt: skip

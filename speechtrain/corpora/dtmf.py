@@ -20,6 +20,8 @@ from types import MappingProxyType
 import numpy as np
 import soundfile as sf
 
+from speechtrain.corpora.cache import default_datasets_cache
+
 CORPUS_NAME = "dtmf"
 CORPUS_VERSION = 1
 DEFAULT_SPLITS: Mapping[str, int] = MappingProxyType({"train": 2000, "val": 200})
@@ -160,20 +162,6 @@ def make_dtmf_corpus(
     return manifest
 
 
-def default_datasets_cache() -> Path:
-    """Folder for built-in datasets, read from the environment at call time.
-
-    Returns:
-        ``$SPEECHTRAIN_DATASETS_CACHE`` if set, else ``$SPEECHTRAIN_HOME/datasets``, else
-        ``~/.cache/speechtrain/datasets``.
-    """
-    if os.environ.get("SPEECHTRAIN_DATASETS_CACHE"):
-        return Path(os.environ["SPEECHTRAIN_DATASETS_CACHE"]).expanduser()
-    if os.environ.get("SPEECHTRAIN_HOME"):
-        return Path(os.environ["SPEECHTRAIN_HOME"]).expanduser() / "datasets"
-    return Path.home() / ".cache" / "speechtrain" / "datasets"
-
-
 def _split_seed(seed: int, split: str) -> int:
     """Derive a split's seed from the corpus seed and the split name (stable across runs and dict order)."""
     return int(np.random.SeedSequence([seed, zlib.crc32(split.encode("utf-8"))]).generate_state(1)[0])
@@ -211,7 +199,8 @@ def prepare_dtmf_corpus(
     distributed job) are serialized by a lock file, so only the first builds.
 
     Args:
-        root: Corpus folder. Defaults to ``<datasets cache>/dtmf-v1`` (see :func:`default_datasets_cache`).
+        root: Corpus folder. Defaults to ``<datasets cache>/dtmf-v1``
+            (see :func:`speechtrain.corpora.cache.default_datasets_cache`).
         splits: Split name -> number of utterances.
         seed: Corpus seed.
         sample_rate: Sample rate of the wavs in Hz.
@@ -256,128 +245,3 @@ def prepare_dtmf_corpus(
         tmp.write_text(json.dumps(params, indent=2, sort_keys=True) + "\n", encoding="utf-8")
         os.replace(tmp, root / "corpus.json")
     return manifests
-
-
-BUILTIN_PREFIX = f"builtin:{CORPUS_NAME}/"
-ESPEAK_DEFAULT_HOURS = 20.0  # the demo corpus: 13.6 h of training speech, ~100 s to build on 2 cores
-ESPEAK_TTS_DEFAULT_HOURS = 6.0  # the single-voice TTS corpus
-SPEECH_DEFAULT_HOURS = 10.0  # the multi-engine demo corpus
-
-
-def resolve_manifest(manifest_filepath: str | os.PathLike) -> Path:
-    """A manifest path, with built-in corpus names resolved (the corpus is built on first use, then cached).
-
-    - ``builtin:dtmf/<train|val>``: the DTMF-digit corpus;
-    - ``builtin:espeak/<train|dev|test>``: the eSpeak NG speech corpus (20 h planned, seed 0);
-      ``builtin:espeak-<H>h/<split>`` or ``builtin:espeak-<H>h-seed<S>/<split>`` for another size or seed;
-    - ``builtin:espeak-tts/<split>``: the same sentences read by one voice at one rate and pitch (6 h), for TTS;
-      ``builtin:espeak-tts-<H>h[-seed<S>]/<split>`` for another size or seed;
-    - ``builtin:speech/<train|dev|test|heldout_engine|heldout_engine_train>``: the multi-engine corpus (eSpeak NG,
-      Piper and Festival mixed 4:3:3, Flite held out; 10 h planned, seed 0);
-      ``builtin:speech-<H>h[-seed<S>]/<split>`` for another size or seed (see :mod:`speechtrain.data.speech_corpus`);
-      ``builtin:speech/train_extra``: more training speech on sentences no other split reads (eSpeak NG, 12 h
-      planned), built beside the corpus; ``train_extra-espeak6h-piper1h`` for other engines and hours;
-    - ``builtin:<corpus>/<split>@<engine>[+<engine>...]``: only those engines' utterances of the split (e.g.
-      ``builtin:speech/train@piper+festival``), to weight engines in an ``input_cfg`` blend.
-    """
-    name = str(manifest_filepath)
-    if not name.startswith("builtin:"):
-        return Path(name)
-    corpus, _, split = name[len("builtin:") :].partition("/")
-    split, at, engines = split.partition("@")
-    if at:  # one engine's (or several engines') utterances of a built-in split: a filtered copy of its manifest
-        return engine_view(resolve_manifest(f"builtin:{corpus}/{split}"), engines.split("+"), name)
-    if corpus == CORPUS_NAME and split in DEFAULT_SPLITS:
-        return prepare_dtmf_corpus()[split]
-    if corpus == "speech" or corpus.startswith("speech-"):
-        from speechtrain.data.speech_corpus import HELDOUT_SPLITS, SPLITS, build_speech_corpus, build_speech_extra
-
-        hours, seed = _espeak_params("espeak" + corpus[len("speech") :])
-        if corpus == "speech":
-            hours = SPEECH_DEFAULT_HOURS
-        extra = _extra_params(split)
-        if hours is not None and extra is not None:
-            return Path(build_speech_extra(extra, hours=hours, seed=seed)["splits"]["train_extra"]["manifest"])
-        if hours is not None and (split in SPLITS or split in HELDOUT_SPLITS):
-            return Path(build_speech_corpus(hours=hours, seed=seed)["splits"][split]["manifest"])
-    if corpus.startswith("espeak"):
-        from speechtrain.data.speech_corpus import SPLITS, TTS_VOICE, build_corpus
-
-        single_voice = corpus == "espeak-tts" or corpus.startswith("espeak-tts-")
-        if single_voice:
-            corpus = "espeak" + corpus[len("espeak-tts") :]
-        hours, seed = _espeak_params(corpus)
-        if single_voice and corpus == "espeak":
-            hours = ESPEAK_TTS_DEFAULT_HOURS
-        if hours is not None and split in SPLITS:
-            record = build_corpus(hours=hours, seed=seed, voice=TTS_VOICE if single_voice else None)
-            return Path(record["splits"][split]["manifest"])
-    choices = [f"{BUILTIN_PREFIX}{s}" for s in DEFAULT_SPLITS] + [
-        "builtin:espeak/train|dev|test",
-        "builtin:espeak-<H>h[-seed<S>]/train|dev|test",
-        "builtin:espeak-tts[-<H>h][-seed<S>]/train|dev|test",
-        "builtin:speech[-<H>h][-seed<S>]/train|dev|test|heldout_engine|heldout_engine_train",
-        "builtin:speech[-<H>h][-seed<S>]/train_extra[-<engine><H>h...]",
-    ]
-    raise ValueError(f"Unknown built-in corpus {name!r}; choose one of: {', '.join(choices)}.")
-
-
-def engine_view(manifest: Path, engines: list[str], name: str) -> Path:
-    """The utterances of ``manifest`` read by one of ``engines`` (its rows' ``engine``; eSpeak NG when a row has
-    none), as a manifest beside it (``manifest.<engines>.json``, written once; relative audio paths still hold)."""
-    from speechtrain.data.manifest import iter_nemo_manifest
-
-    if not all(engines):
-        raise ValueError(f"{name}: name the engines after '@', joined by '+' (e.g. @piper+festival).")
-    out = manifest.with_name(f"{manifest.stem}.{'+'.join(engines)}.json")
-    if out.is_file() and out.stat().st_mtime >= manifest.stat().st_mtime:
-        return out
-    kept = 0
-    tmp = out.with_name(f".{out.name}.{os.getpid()}")
-    with open(manifest, encoding="utf-8") as rows, open(tmp, "w", encoding="utf-8") as view:
-        for line in rows:
-            if line.strip() and json.loads(line).get("engine", "espeak") in engines:
-                view.write(line if line.endswith("\n") else line + "\n")
-                kept += 1
-    if kept == 0:
-        tmp.unlink()
-        found = sorted({r.get("engine", "espeak") for r in iter_nemo_manifest(manifest)})
-        raise ValueError(f"{name}: no utterance of {manifest} is read by {'+'.join(engines)}; its engines: {found}.")
-    os.replace(tmp, out)
-    return out
-
-
-def _extra_params(split: str) -> dict[str, float] | None:
-    """``train_extra`` -> the default extra hours; ``train_extra-espeak12h-piper1.5h`` -> {espeak: 12, piper: 1.5};
-    any other split -> None."""
-    import re
-
-    from speechtrain.data.speech_corpus import EXTRA_SPLIT, SPEECH_EXTRA
-
-    if split == EXTRA_SPLIT:
-        return dict(SPEECH_EXTRA)
-    if not split.startswith(EXTRA_SPLIT + "-"):
-        return None
-    parts = split[len(EXTRA_SPLIT) + 1 :].split("-")
-    matches = [re.fullmatch(r"([a-z]+)(\d+(?:\.\d+)?)h", part) for part in parts]
-    if not all(matches):
-        return None
-    return {m.group(1): float(m.group(2)) for m in matches}
-
-
-def _espeak_params(corpus: str) -> tuple[float | None, int]:
-    """``espeak`` -> (10.0, 0); ``espeak-20h`` -> (20.0, 0); ``espeak-2h-seed3`` -> (2.0, 3); else (None, 0)."""
-    import re
-
-    if corpus == "espeak":
-        return ESPEAK_DEFAULT_HOURS, 0
-    match = re.fullmatch(r"espeak-(\d+(?:\.\d+)?)h(?:-seed(\d+))?", corpus)
-    if match is None:
-        return None, 0
-    return float(match.group(1)), int(match.group(2) or 0)
-
-
-if __name__ == "__main__":
-    from speechtrain.data.speech_corpus import main
-
-    main()
