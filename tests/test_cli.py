@@ -14,10 +14,10 @@ KEY_VALUE_TOOLS = {
 }
 ARGPARSE_TOOLS = [
     "speechtrain.asr.tokenizer",
-    "speechtrain.data.estimate_duration_bins",
-    "speechtrain.data.oomptimizer",
-    "speechtrain.data.to_shar",
-    "speechtrain.data.blend_weights",
+    "speechtrain.datatools.estimate_duration_bins",
+    "speechtrain.datatools.oomptimizer",
+    "speechtrain.datatools.to_shar",
+    "speechtrain.datatools.blend_weights",
 ]
 
 

@@ -655,7 +655,7 @@ class CTCModel(SpeechModel):
             return int(self.encoder(feats, lengths)[1])
 
     def example_batch(self, batch_size: int, duration: float, tokens_per_second: float = 20.0) -> dict[str, Any]:
-        """A synthetic worst-case training batch for :mod:`speechtrain.data.oomptimizer`: every utterance lasts
+        """A synthetic worst-case training batch for :mod:`speechtrain.datatools.oomptimizer`: every utterance lasts
         ``duration`` seconds with a transcript of ``tokens_per_second`` tokens per second (at most one per output
         frame, what CTC can align)."""
         samples = max(1, round(duration * self.cfg.sample_rate))

@@ -44,6 +44,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from speechtrain.data.augment import AugmentationConfig
+from speechtrain.data.buckets import min_padding_bins
 from speechtrain.data.nemo_adapters import LazyNeMoManifest, LazyNeMoTarredIterator, expand_paths
 
 logger = logging.getLogger("speechtrain.data")
@@ -456,8 +457,6 @@ def _build_sampler(cuts: Any, cfg: LoaderConfig, dp_rank: int, dp_world_size: in
     bins = cfg.bucket_duration_bins
     if (cfg.use_bucketing and num_buckets >= 2 and bins is None and cfg.bucket_bins_method == "min_padding"
             and not cuts.is_lazy and cfg.quadratic_duration is None):  # fmt: skip
-        from speechtrain.data.estimate_duration_bins import min_padding_bins
-
         bins = min_padding_bins([c.duration for c in cuts], num_buckets, cfg.batch_duration, cfg.batch_size)
         num_buckets = len(bins) + 1
     if cfg.use_bucketing and num_buckets >= 2:

@@ -7,6 +7,7 @@ from collections import Counter
 
 import pytest
 
+from speechtrain.corpora import sentences
 from speechtrain.corpora.sentences import (
     TEMPLATES,
     SentenceGenerator,
@@ -17,7 +18,6 @@ from speechtrain.corpora.sentences import (
     spell_year,
     split_of,
 )
-from speechtrain.corpora import sentences
 
 TRANSCRIPT_RE = re.compile(r"[a-z']+(?: [a-z']+)*")
 

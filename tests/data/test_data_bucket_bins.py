@@ -3,7 +3,7 @@ import random
 
 import pytest
 
-from speechtrain.data.estimate_duration_bins import min_padding_bins
+from speechtrain.data.buckets import min_padding_bins
 from speechtrain.data.lhotse_loader import LoaderConfig, build_sampler
 
 

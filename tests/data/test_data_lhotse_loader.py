@@ -105,7 +105,7 @@ def test_lhotse_cuts_input(manifest, tmp_path):
 
 
 def test_estimate_duration_bins_splits_audio_evenly(manifest, capsys):
-    from speechtrain.data.estimate_duration_bins import estimate_bins, main
+    from speechtrain.datatools.estimate_duration_bins import estimate_bins, main
 
     cuts = read_cuts(LoaderConfig(manifest_filepath=str(manifest)))
     bins = estimate_bins([str(manifest)], 4)

@@ -1,8 +1,8 @@
 """Find, per duration bucket, the largest batch size whose training step fits a memory budget (NeMo's OOMptimizer).
 
-    python -m speechtrain.data.oomptimizer --model speechtrain.asr.conv_ctc:ConvCTCModel --config model.yaml \\
+    python -m speechtrain.datatools.oomptimizer --model speechtrain.asr.conv_ctc:ConvCTCModel --config model.yaml \\
         --bins 2 4 8 --max-duration 16 --memory-gib 6
-    python -m speechtrain.data.oomptimizer --model speechtrain.asr.conv_ctc:ConvCTCModel \\
+    python -m speechtrain.datatools.oomptimizer --model speechtrain.asr.conv_ctc:ConvCTCModel \\
         --config examples/conf/asr_train.yaml --buckets 8 --inputs train.json --max-duration 20 --memory-gib 70
 
 Stdout gets the two lines to paste under ``train_ds`` (progress goes to stderr)::
@@ -182,7 +182,7 @@ class SubprocessMeasure:
         self.steps = steps
 
     def __call__(self, batch_size: int, duration: float) -> int | None:
-        command = [sys.executable, "-m", "speechtrain.data.oomptimizer", "--model", self.target]
+        command = [sys.executable, "-m", "speechtrain.datatools.oomptimizer", "--model", self.target]
         command += ["--trial-batch-size", str(batch_size), "--trial-duration", repr(duration)]
         command += ["--trial-steps", str(self.steps)]
         env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
@@ -432,7 +432,7 @@ def format_yaml(bins: Sequence[float], sizes: Sequence[int]) -> str:
 
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="python -m speechtrain.data.oomptimizer",
+        prog="python -m speechtrain.datatools.oomptimizer",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -465,7 +465,7 @@ def main(argv: list[str] | None = None) -> None:
         return
     bins = args.bins
     if args.buckets is not None:
-        from speechtrain.data.estimate_duration_bins import estimate_bins
+        from speechtrain.datatools.estimate_duration_bins import estimate_bins
 
         bins = estimate_bins(args.inputs, args.buckets, max_duration=args.max_duration)
     sizes = search_bucket_batch_sizes(

@@ -8,11 +8,11 @@ import pytest
 import soundfile as sf
 import yaml
 
-from speechtrain.data.blend_weights import estimate_blend, format_input_cfg, temperature_weights
-from speechtrain.data.blend_weights import main as blend_main
 from speechtrain.data.lhotse_loader import LoaderConfig, blend_sources, cuts_from_nemo_manifest, read_cuts
-from speechtrain.data.to_shar import convert_to_shar
-from speechtrain.data.to_shar import main as shar_main
+from speechtrain.datatools.blend_weights import estimate_blend, format_input_cfg, temperature_weights
+from speechtrain.datatools.blend_weights import main as blend_main
+from speechtrain.datatools.to_shar import convert_to_shar
+from speechtrain.datatools.to_shar import main as shar_main
 
 RATE = 16000
 GOOD = 7

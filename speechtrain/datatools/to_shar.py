@@ -1,6 +1,6 @@
 """Pack NeMo manifests and lhotse cuts into lhotse Shar shards, so training reads a few large files in sequence.
 
-    python -m speechtrain.data.to_shar train.json [more.json cuts.jsonl.gz ...] --out DIR --shard-size 1000 \\
+    python -m speechtrain.datatools.to_shar train.json [more.json cuts.jsonl.gz ...] --out DIR --shard-size 1000 \\
         [--audio-format flac] [--shuffle --seed 0] [--sample-rate 16000]
 
 One shard is ``DIR/recording.NNNNNN.tar`` (the audio of ``--shard-size`` utterances, encoded as ``--audio-format``)
@@ -29,8 +29,8 @@ from typing import Any
 
 import soundfile as sf
 
-from speechtrain.data.blend_weights import source_entry
 from speechtrain.data.lhotse_loader import blend_sources
+from speechtrain.datatools.blend_weights import source_entry
 
 AUDIO_FORMATS = ("flac", "wav")
 # Paths of skipped utterances named in the summary.
@@ -165,7 +165,7 @@ def convert_to_shar(
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
-        prog="python -m speechtrain.data.to_shar", description=__doc__,
+        prog="python -m speechtrain.datatools.to_shar", description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )  # fmt: skip
     parser.add_argument("inputs", nargs="+", help="NeMo manifests (.json) and/or lhotse cuts (.jsonl[.gz])")

@@ -10,8 +10,8 @@ import torch
 from conftest import tiny_ctc_config
 
 from speechtrain.asr.conv_ctc import ConvCTCModel
-from speechtrain.data import oomptimizer
-from speechtrain.data.oomptimizer import (
+from speechtrain.datatools import oomptimizer
+from speechtrain.datatools.oomptimizer import (
     GIB,
     OOM_EXIT_CODE,
     CudaMeasure,
@@ -212,7 +212,7 @@ def test_a_real_cpu_trial_reports_the_child_peak_and_config_errors():
 
 
 def test_cli_estimates_bins_from_manifests(monkeypatch, capsys, dtmf_manifest):
-    from speechtrain.data.estimate_duration_bins import estimate_bins
+    from speechtrain.datatools.estimate_duration_bins import estimate_bins
 
     calls = []
 

@@ -1,6 +1,6 @@
 """Print an ``input_cfg`` blend whose weights follow the sources' sizes, flattened or sharpened by a temperature.
 
-    python -m speechtrain.data.blend_weights en.json de.json cuts.jsonl.gz shar_dir/ --temperature 2
+    python -m speechtrain.datatools.blend_weights en.json de.json cuts.jsonl.gz shar_dir/ --temperature 2
 
 Each source's size is its hours of audio, read from metadata only (no audio is opened): a NeMo manifest (any other
 file), a lhotse cuts file (``.jsonl``/``.jsonl.gz``) or a lhotse Shar folder (its ``cuts.*.jsonl.gz``). Source i
@@ -140,7 +140,7 @@ def format_input_cfg(entries: list[dict[str, Any]], hours: list[float], temperat
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
-        prog="python -m speechtrain.data.blend_weights", description=__doc__,
+        prog="python -m speechtrain.datatools.blend_weights", description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )  # fmt: skip
     parser.add_argument("inputs", nargs="+", help="NeMo manifests, lhotse cuts (.jsonl[.gz]) and/or Shar folders")
