@@ -17,9 +17,9 @@ the mean encoder frames advanced per decoder step (RNN-T: below 1; TDT: above 1 
 import argparse
 import time
 
-from speechtrain.asr import metrics
 from speechtrain.asr.ctc import resolve_manifest
 from speechtrain.asr.transcribe import collect_inputs, transcribe_paths
+from speechtrain.common import metrics
 from speechtrain.core.model import SpeechModel
 
 

@@ -19,7 +19,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--sets", nargs="+", default=sets)
     args = parser.parse_args(argv)
 
-    from speechtrain.asr.ctc import resolve_manifest, restore_for_finetuning
+    from speechtrain.asr.ctc import resolve_manifest
+    from speechtrain.asr.jobs import restore_for_finetuning
     from speechtrain.asr.report import greedy_transcripts
     from speechtrain.common.metrics import error_rate, format_rate, word_errors
     from speechtrain.core.model import SpeechModel

@@ -79,7 +79,8 @@ def transcription_rtfx(size: str, count: int = 300) -> float:
     import torch
     from omegaconf import OmegaConf
 
-    from speechtrain.asr.ctc import ConformerCTCModel, ensure_tokenizer
+    from speechtrain.asr.ctc import ConformerCTCModel
+    from speechtrain.asr.jobs import ensure_tokenizer
     from speechtrain.asr.transcribe import transcribe_paths
     from speechtrain.corpora.builtin import resolve_manifest
     from speechtrain.data.manifest import read_nemo_manifest

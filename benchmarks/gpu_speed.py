@@ -28,7 +28,7 @@ from long_audio import corpus, write_manifest  # noqa: E402
 def speed_data(folder: Path, files: int, accelerator: str, num_workers: int, seed: int = 0) -> tuple[str, ...]:
     """``files`` DTMF files of 2-10 s (uniform) and a character tokenizer written to ``folder``, and the
     ``examples/asr_train.py`` overrides that train on them with greedy decoding on ``accelerator``."""
-    from speechtrain.asr.tokenizers import CharTokenizer
+    from speechtrain.common.tokenizers import CharTokenizer
 
     lengths = np.random.default_rng(seed).uniform(2.0, 10.0, size=files).tolist()
     pieces = int(sum(lengths) / 1.2) + 50  # a DTMF utterance and its pause: ~1.4 s

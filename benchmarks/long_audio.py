@@ -23,9 +23,9 @@ import numpy as np
 import soundfile as sf
 import torch
 
-from speechtrain.asr import metrics
 from speechtrain.asr.ctc import INTERCTC_OFF, UNET_OFF
 from speechtrain.asr.transcribe import transcribe_paths
+from speechtrain.common import metrics
 from speechtrain.corpora.dtmf import make_dtmf_corpus
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
@@ -62,7 +62,7 @@ def write_manifest(rows: list[dict], path: Path) -> Path:
 def train_dtmf_model(folder: Path, seconds: float) -> Path:
     """A small Conformer-CTC trained on concatenated DTMF utterances of 3-25 s (the lengths it will decode)."""
     from speechtrain.asr.ctc import ConformerCTCConfig
-    from speechtrain.asr.tokenizers import CharTokenizer
+    from speechtrain.common.tokenizers import CharTokenizer
     from speechtrain.core.hydra_runner import compose_config
     from speechtrain.core.job import train_job_schema
     from speechtrain.lightning import CallbackGroup

@@ -44,7 +44,7 @@ def write_manifest(path: Path, lines: int, audio_dir: Path) -> None:
 
 def measure(manifest: str, eager: bool) -> dict:
     """Runs in a fresh process: loader start-up time and peak RSS."""
-    from speechtrain.asr.tokenizers import CharTokenizer
+    from speechtrain.common.tokenizers import CharTokenizer
     from speechtrain.data.cut_datasets import AsrCutDataset
     from speechtrain.data.lhotse_loader import get_lhotse_dataloader_from_config
 

@@ -14,7 +14,7 @@ from typing import Any
 import lightning.pytorch as pl
 from omegaconf import OmegaConf
 
-from speechtrain.asr.ctc import ensure_lm, ensure_tokenizer, fit_and_report, restore_for_finetuning
+from speechtrain.asr.jobs import ensure_lm, ensure_tokenizer, fit_and_report, restore_for_finetuning
 from speechtrain.asr.transducer import ConformerTransducerConfig
 from speechtrain.common.config import to_plain
 from speechtrain.core.exp_manager import exp_manager

@@ -10,16 +10,15 @@ python examples/asr_train.py exp_manager.resume_if_exists=true # continue the la
 python examples/asr_train.py --config-name asr_train_hybrid prepare_only=true  # build data, tokenizer, LM; stop
 """
 
-import sys
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import lightning.pytorch as pl
 from omegaconf import OmegaConf
 
-from speechtrain.asr.ctc import ensure_lm, ensure_tokenizer, fit_and_report, resolve_manifest
-from speechtrain.asr.transducer import asr_config_class, asr_model_class
+from speechtrain.asr.ctc import resolve_manifest
+from speechtrain.asr.jobs import asr_model_class, asr_model_schema, ensure_lm, ensure_tokenizer, fit_and_report
+from speechtrain.asr.nemo_config import translate_if_nemo
 from speechtrain.core.exp_manager import exp_manager
 from speechtrain.core.hydra_runner import hydra_runner
 from speechtrain.core.job import train_job_schema
@@ -35,11 +34,12 @@ class ASRTrainExtras:
     prepare_only: bool = False
 
 
-# The schema is needed before Hydra composes the config: a transducer config (asr_train_tdt, ...) brings its own.
-SCHEMA = train_job_schema(asr_config_class(sys.argv[1:], Path(__file__).parent / "conf"), extras=ASRTrainExtras)
+def job_schema(cfg) -> type:
+    """The job's schema, picked from the composed config: a transducer's (asr_train_tdt, ...) or a CTC model's."""
+    return train_job_schema(asr_model_schema(cfg), extras=ASRTrainExtras)
 
 
-@hydra_runner(config_path="conf", config_name="asr_train", schema=SCHEMA)
+@hydra_runner(config_path="conf", config_name="asr_train", schema=job_schema, translate=translate_if_nemo)
 def main(cfg):
     start = time.perf_counter()
     pl.seed_everything(cfg.seed, verbose=False)

@@ -27,7 +27,8 @@ from speechtrain.core.model import SpeechModel
 from speechtrain.lightning import Trainer, parallel_state, teardown
 from speechtrain.tts.codec import manifest_rows
 from speechtrain.tts.distill import CFGDistillationModel, TTSDistillationConfig
-from speechtrain.tts.model import TTSModel, report_intelligibility
+from speechtrain.tts.jobs import report_intelligibility
+from speechtrain.tts.model import TTSModel
 from speechtrain.tts.synthesize import intelligibility
 
 logger = logging.getLogger("tts_cfg_distill")

@@ -24,7 +24,8 @@ from speechtrain.core.hydra_runner import hydra_runner
 from speechtrain.core.job import train_job_schema
 from speechtrain.core.model import SpeechModel
 from speechtrain.lightning import Trainer, parallel_state, teardown
-from speechtrain.tts.model import TTSConfig, TTSModel, prepare_tts_config, report_intelligibility
+from speechtrain.tts.jobs import prepare_tts_config, report_intelligibility
+from speechtrain.tts.model import TTSConfig, TTSModel
 
 logger = logging.getLogger("tts_train")
 

@@ -35,7 +35,7 @@ def readme_commands() -> list[str]:
 # Programs the README shows that are not ours (lhotse's corpus recipes, a shell loop around them): not checked here.
 OTHER_PROGRAMS = {"lhotse", "for", "done"}
 # Folders the README's commands name that a user brings: the tests' own copies stand in for them.
-FOLDERS = {"nemo_conf": str(ROOT / "tests" / "core" / "nemo_conf")}
+FOLDERS = {"nemo_conf": str(ROOT / "tests" / "asr" / "nemo_conf")}
 
 
 def _stand_ins(command: str) -> list[str]:
@@ -59,7 +59,14 @@ def _script(words: list[str], monkeypatch) -> None:
     main = module.main
     with contextlib.redirect_stdout(io.StringIO()):
         try:
-            _config_from_argv(words[1:], main.config_dir.parent, main.config_dir.name, main.config_name, main.schema)
+            _config_from_argv(
+                words[1:],
+                main.config_dir.parent,
+                main.config_dir.name,
+                main.config_name,
+                main.schema,
+                translate=main.translate,
+            )
         except SystemExit as error:
             pytest.fail(f"{shlex.join(words)} exits {error.code}")
 

@@ -33,13 +33,7 @@ def _main(script):
 def test_every_shipped_yaml_composes_against_its_schema(name):
     main = _main(SCRIPT_OF.get(name, name))
     assert main.schema is not None and (main.config_dir / f"{name}.yaml").is_file()
-    schema = main.schema
-    if SCRIPT_OF.get(name) == "asr_train":  # asr_train.py picks its schema from --config-name (transducers)
-        from speechtrain.asr.transducer import asr_config_class
-        from speechtrain.core.job import train_job_schema
-
-        schema = train_job_schema(asr_config_class(["--config-name", name], main.config_dir))
-    cfg = compose_config(main.config_dir, name, REQUIRED.get(name, []), schema)
+    cfg = compose_config(main.config_dir, name, REQUIRED.get(name, []), main.schema, main.translate)
     assert cfg.name  # composed and validated: every key known, every value of its type
 
 
@@ -52,7 +46,7 @@ def _meta_model(name, *overrides):
     from speechtrain.asr.spec_augment import SpecAugment
 
     main = _main(SCRIPT_OF.get(name, name))
-    cfg = compose_config(main.config_dir, name, list(overrides), main.schema)
+    cfg = compose_config(main.config_dir, name, list(overrides), main.schema, main.translate)
     cfg.model.tokenizer.vocab = [chr(0x4E00 + i) for i in range(cfg.model.tokenizer.vocab_size)]  # stand-in
     model = ConformerCTCModel(cfg.model)  # config and tokenizer; the layers come in configure_model
     LogMelFeatures(OmegaConf.to_object(cfg.model.preprocessor), cfg.model.sample_rate)

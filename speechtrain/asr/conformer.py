@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 import torch.utils.checkpoint
 
+from speechtrain import backends
 from speechtrain.lightning import parallel_state
 from speechtrain.nn.dropout import Dropout
 from speechtrain.nn.init import seeded
@@ -154,9 +155,8 @@ class Subsampling(torch.nn.Module):
         self.out = torch.nn.Linear(channels * bands, d_model)
 
     def forward(self, feats: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        # Channels-last (B, F, bands, C) memory is what the CPU (oneDNN) and GPU (cuDNN) kernels of these
-        # convolutions run fastest on: 3-5x for the depthwise ones on CPU. The weights keep their layout; the first
-        # convolution's output sets the layout of the rest.
+        # Channels-last (B, F, bands, C) memory is what the oneDNN and cuDNN kernels of these convolutions run
+        # fastest on. The weights keep their layout; the first convolution's output sets the layout of the rest.
         x = feats.transpose(1, 2)  # (B, n_mels, F) -> (B, F, n_mels)
         x = x * frame_mask(lengths, x.shape[1])[:, :, None]
         for index, conv in enumerate(self.convs):
@@ -164,7 +164,7 @@ class Subsampling(torch.nn.Module):
             if index == 0:
                 x = _first_conv(conv, x, lengths)
                 continue
-            x = _full_conv(conv, x) if isinstance(conv, torch.nn.Conv2d) else conv(x)
+            x = backends.conv2d(conv, x) if isinstance(conv, torch.nn.Conv2d) else conv(x)
             _zero_first_padded_frame(x, lengths)
             x = x.relu_()  # in place: the convolution's backward does not need its output
         batch, channels, frames, bands = x.shape
@@ -175,7 +175,7 @@ class Subsampling(torch.nn.Module):
 def _first_conv(conv: torch.nn.Conv2d, x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
     """``conv`` (1 -> C channels, kernel 3, stride 2, padding 1) of x (B, F, n_mels) as one matrix product of the
     3 x 3 patches, its first padded frame zeroed and rectified (``lengths``: the output's): (B, C, F', bands) in
-    channels-last memory. About 2x faster than the convolution kernel for a single input channel on CPU, and its
+    channels-last memory. Faster than the convolution kernel for a single input channel, and its
     channels-last output is what makes the next convolutions take their fast kernels (a one-channel input leaves
     the convolution's output layout ambiguous, and PyTorch picks NCHW). The in-place ReLU acts on the product
     itself: on a view of it, autograd would copy the whole activation back in the backward pass."""
@@ -184,47 +184,12 @@ def _first_conv(conv: torch.nn.Conv2d, x: torch.Tensor, lengths: torch.Tensor) -
     out_frames, out_bands = (frames - 3) // 2 + 1, (bands - 3) // 2 + 1
     s = x.stride()
     patches = x.as_strided((batch, out_frames, out_bands, 3, 3), (s[0], 2 * s[1], 2 * s[2], s[1], s[2]))
-    # (C, 1, 3, 3) -> (9, C), contiguous: the weight gradient is then computed as patches^T @ grad (4x faster on
-    # CPU than the (grad^T @ patches)^T that autograd picks for a transposed view).
+    # (C, 1, 3, 3) -> (9, C), contiguous: the weight gradient is then computed as patches^T @ grad, not as the
+    # slower (grad^T @ patches)^T that autograd picks for a transposed view.
     weight = conv.weight.view(conv.out_channels, 9).t().contiguous()
     out = torch.addmm(conv.bias, patches.reshape(-1, 9), weight)  # (B * F' * bands, C)
     _zero_first_padded_frame(out.view(batch, out_frames, out_bands, -1), lengths, time_dim=1)
     return out.relu_().view(batch, out_frames, out_bands, -1).permute(0, 3, 1, 2)  # (B, C, F', bands)
-
-
-def _full_conv(conv: torch.nn.Conv2d, x: torch.Tensor) -> torch.Tensor:
-    """``conv(x)`` (a full C -> C 3 x 3 convolution of ``striding``), on CPU with its weight gradient computed from
-    contiguous copies (:class:`_CpuConvWeightGradFromContiguous`); elsewhere, and under autocast, ``conv(x)``."""
-    if x.device.type != "cpu" or torch.is_autocast_enabled("cpu") or not torch.is_grad_enabled():
-        return conv(x)
-    return _CpuConvWeightGradFromContiguous.apply(x, conv.weight, conv.bias, conv.stride, conv.padding)
-
-
-class _CpuConvWeightGradFromContiguous(torch.autograd.Function):
-    """A 2-D convolution (groups 1, dilation 1) of channels-last ``x`` whose backward computes the input gradient
-    channels-last and the weight gradient from contiguous (NCHW) copies of ``x`` and the gradient. oneDNN's
-    channels-last weight-gradient kernel is the slow one on CPU: measured on the 4x Conformer's 176-channel
-    subsampling convolution (8 x 176 x 401 x 40 input), weight gradient 314 ms channels-last vs 77 ms from NCHW
-    (+13 ms for the copy), input gradient 60 ms channels-last vs 82 ms NCHW. Same results up to fp32 rounding."""
-
-    @staticmethod
-    def forward(ctx, x, weight, bias, stride, padding):  # noqa: ANN001, ANN205
-        ctx.save_for_backward(x, weight)
-        ctx.conv = (stride, padding, bias is not None)
-        return F.conv2d(x, weight, bias, stride, padding)
-
-    @staticmethod
-    def backward(ctx, grad):  # noqa: ANN001, ANN205
-        x, weight = ctx.saved_tensors
-        stride, padding, has_bias = ctx.conv
-        args = ([weight.shape[0]] if has_bias else None, list(stride), list(padding), [1, 1], False, [0, 0], 1)
-        backward = torch.ops.aten.convolution_backward
-        grad_x = backward(grad, x, weight, *args, [True, False, False])[0] if ctx.needs_input_grad[0] else None
-        grad_weight = grad_bias = None
-        if ctx.needs_input_grad[1] or ctx.needs_input_grad[2]:  # (a frozen subsampling needs none)
-            _, grad_weight, grad_bias = backward(grad.contiguous(), x.contiguous(), weight.contiguous(), *args,
-                                                 [False, True, has_bias])  # fmt: skip
-        return grad_x, grad_weight, grad_bias, None, None
 
 
 def _zero_first_padded_frame(x: torch.Tensor, lengths: torch.Tensor, time_dim: int = 2) -> None:
@@ -275,19 +240,10 @@ class MaskedBatchNorm1d(torch.nn.BatchNorm1d):
 def _depthwise_over_time(conv: torch.nn.Conv1d, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """The depthwise ``conv`` over the frames of x (B, T, D), zeros past each utterance's end (``mask`` (B, T): True
     on valid frames), as a (k x 1) Conv2d on channels-last memory, which (B, T, D) already is: no transposed copies,
-    and oneDNN's channels-last depthwise kernel (~20x faster than Conv1d's on CPU). Returns (B, D, T')."""
+    and the channels-last depthwise kernels (much faster than Conv1d's). Returns (B, D, T')."""
     x = (x * mask[:, :, None]).unsqueeze(2).permute(0, 3, 1, 2)  # (B, T, 1, D) -> (B, D, T, 1)
     weight, stride, padding = conv.weight.unsqueeze(-1), (conv.stride[0], 1), (conv.padding[0], 0)
-    if stride[0] > 1 and x.device.type == "cpu" and torch.is_autocast_enabled("cpu"):
-        # oneDNN's bf16 backward of a *strided* depthwise convolution takes a slow path: 15 ms against fp32's 0.6 ms
-        # for the demo's time reduction (13 x 144 x 57 frames, one thread, torch 2.11; the stride-1 ones run equally
-        # fast in both), 5% of the demo's CPU training step. This one runs in fp32 (a few thousand multiply-adds per
-        # frame: nothing for autocast to save).
-        with torch.autocast("cpu", enabled=False):
-            x, weight = x.float(), weight.float()
-            bias = None if conv.bias is None else conv.bias.float()
-            return F.conv2d(x, weight, bias, stride=stride, padding=padding, groups=x.shape[1]).squeeze(-1)
-    return F.conv2d(x, weight, conv.bias, stride=stride, padding=padding, groups=x.shape[1]).squeeze(-1)
+    return backends.depthwise_conv2d(x, weight, conv.bias, stride, padding).squeeze(-1)
 
 
 class ConvolutionModule(torch.nn.Module):

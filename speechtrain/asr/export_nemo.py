@@ -30,6 +30,9 @@ import torch
 import yaml
 
 from speechtrain.asr.nemo_import import NEMO_CONFIG, NEMO_WEIGHTS, name_pairs
+from speechtrain.common.config import to_plain
+from speechtrain.common.tokenizers import SentencePieceTokenizer
+from speechtrain.lightning.checkpoint import gather_full_state_dict
 
 NEMO_CLASS = "nemo.collections.asr.models.ctc_bpe_models.EncDecCTCModelBPE"
 RNNT_CLASS = "nemo.collections.asr.models.rnnt_bpe_models.EncDecRNNTBPEModel"
@@ -238,15 +241,11 @@ def write_nemo(model: Any, path: str | Path) -> Path:
     Raises:
         ValueError: naming what NeMo cannot hold.
     """
-    from speechtrain.asr.ctc import ConformerCTCModel
-    from speechtrain.asr.tokenizers import SentencePieceTokenizer
-    from speechtrain.asr.transducer import ConformerTransducerModel
-    from speechtrain.core.config import to_plain
-    from speechtrain.lightning.checkpoint import gather_full_state_dict
-
     path = Path(path)
     name = type(model).__name__
-    if not isinstance(model, ConformerCTCModel):
+    # The model modules call this from their save_to, so it tells a Conformer recogniser by its config, not by
+    # importing their classes: a transducer's sets ``loss``.
+    if not all(key in getattr(model, "cfg", {}) for key in ("encoder", "interctc", "preprocessor")):
         raise ValueError(f"{path}: a {name} cannot be exported to .nemo: NeMo has no such model (Conformer-CTC "
                          "models export).")  # fmt: skip
     if model.cfg.interctc.self_conditioning:
@@ -256,7 +255,7 @@ def write_nemo(model: Any, path: str | Path) -> Path:
         raise ValueError(f"{path}: this {name}'s encoder runs layers on half the frames (model.encoder."
                          "time_reduce_idx), which NeMo's Conformer encoder does not; export it as a .stm "
                          "archive.")  # fmt: skip
-    if isinstance(model, ConformerTransducerModel):
+    if "loss" in model.cfg:
         pred, joint = model.cfg.prediction, model.cfg.joint
         if pred.context_size or joint.frame_stack != 1 or joint.activation not in ("relu", "tanh", "sigmoid"):
             raise ValueError(f"{path}: this {name} has a stateless prediction network (context_size "

@@ -43,8 +43,8 @@ from typing import Any
 import torch
 import yaml
 
+from speechtrain.asr.nemo_config import JOINT_ACTIVATIONS, RNNT_LOSSES
 from speechtrain.core.archive import MODEL_FILE_READERS, Archive, ArchiveError
-from speechtrain.core.nemo_config import JOINT_ACTIVATIONS, RNNT_LOSSES
 
 logger = logging.getLogger(__name__)
 
@@ -545,7 +545,7 @@ def read_nemo(path: str | Path) -> Archive:
         artifact_dir = tempfile.TemporaryDirectory(prefix="speechtrain-nemo-")
         target = Path(artifact_dir.name) / "tokenizer.model"
         target.write_bytes(data)
-        from speechtrain.asr.tokenizers import SentencePieceTokenizer
+        from speechtrain.common.tokenizers import SentencePieceTokenizer
 
         try:
             tokens = SentencePieceTokenizer(target).vocab_size

@@ -37,12 +37,12 @@ import soundfile as sf
 import torch
 from omegaconf import OmegaConf
 
+from speechtrain import backends
 from speechtrain.asr.decoding import STRATEGIES
 from speechtrain.asr.long_audio import needs_chunking, transcribe_chunked
 from speechtrain.common import metrics
 from speechtrain.common.cli import fail, parse_key_values
 from speechtrain.common.config import ConfigError
-from speechtrain.common.denormals import flush_denormals
 from speechtrain.common.metrics import WerConfig
 from speechtrain.core.model import SpeechModel
 from speechtrain.data.augment import resample
@@ -414,8 +414,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     except (ConfigError, ValueError, FileNotFoundError, ImportError) as e:
         fail(str(e))
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    flush_denormals()  # as the Trainer does (speechtrain.common.denormals)
     device = ("cuda" if torch.cuda.is_available() else "cpu") if cfg.device == "auto" else cfg.device
+    backends.configure_process(torch.device(device).type)  # as the Trainer does
     decoding = cfg.decoding_overrides()
     override = {"decoding": decoding} if decoding else None
     try:

@@ -31,12 +31,10 @@ vocabulary-parallel output layer would save little compute while adding two all-
 
 import logging
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
-import yaml
 from omegaconf import OmegaConf
 from torch.utils.checkpoint import checkpoint
 
@@ -503,40 +501,3 @@ class ConformerTransducerModel(ConformerCTCModel):
         it skips frames)."""
         frames, steps = self.decode_steps.tolist()
         return frames / max(steps, 1.0)
-
-
-def asr_model_class(model_cfg: Any) -> type:
-    """The model class of an ASR training config's ``model`` node: a transducer when it sets ``loss``, else CTC."""
-    return ConformerTransducerModel if "loss" in model_cfg else ConformerCTCModel
-
-
-def asr_config_class(argv: list[str], conf_dir: str | Path) -> type:
-    """The ``model`` schema of the ASR training job that ``argv`` selects with ``--config-name`` (and
-    ``--config-path``), needed before the config is composed: a config whose ``model`` node sets ``loss``, itself
-    or through its ``defaults`` (``asr_train_rnnt``, ``asr_train_tdt``, ``asr_train_hybrid``), is a transducer's,
-    any other a CTC model's. A config that cannot be read is left to the config loader to report (CTC)."""
-    names = {"--config-name": "asr_train", "--config-path": str(conf_dir)}
-    aliases = {"-cn": "--config-name", "-cp": "--config-path"}
-    for i, item in enumerate(argv):
-        flag, has_value, value = item.partition("=")
-        flag = aliases.get(flag, flag)
-        if flag in names:
-            names[flag] = value if has_value else (argv[i + 1] if i + 1 < len(argv) else "")
-    transducer = _sets_loss(Path(names["--config-path"]), names["--config-name"], depth=0)
-    return ConformerTransducerConfig if transducer else ConformerCTCConfig
-
-
-def _sets_loss(folder: Path, name: str, depth: int) -> bool:
-    """Whether config ``name`` in ``folder``, or a config its ``defaults`` list names, sets ``model.loss``."""
-    try:
-        config = yaml.safe_load((folder / f"{name}.yaml").read_text()) or {}
-    except (OSError, yaml.YAMLError):
-        return False
-    if not isinstance(config, dict):
-        return False
-    model = config.get("model")
-    if isinstance(model, dict) and "loss" in model:
-        return True
-    defaults = config.get("defaults")
-    parents = [p for p in defaults if isinstance(p, str) and p != "_self_"] if isinstance(defaults, list) else []
-    return depth < 8 and any(_sets_loss(folder, parent, depth + 1) for parent in parents)

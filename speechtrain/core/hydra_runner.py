@@ -35,7 +35,6 @@ from speechtrain.common.config import (
     validate_config,
 )
 from speechtrain.core.exp_manager import discard_new_run_folder, forget_new_run_folder, log_to_run_file
-from speechtrain.core.nemo_config import is_nemo_config, translate_nemo_config
 from speechtrain.lightning import CallbackGroup
 
 _OVERRIDE_KEY = re.compile(r"^(?P<prefix>~|\+\+|\+)?(?P<key>[\w.\-/@]+)")
@@ -135,37 +134,67 @@ def _upsert_known_arguments(overrides: list[str], schema: type | None) -> list[s
     return result
 
 
+Schema = type | Callable[[Any], type]
+Translate = Callable[[DictConfig], Any]
+
+
 def compose_config(
-    config_dir: str | Path, config_name: str, overrides: list[str], schema: type | None = None
+    config_dir: str | Path,
+    config_name: str,
+    overrides: list[str],
+    schema: Schema | None = None,
+    translate: Translate | None = None,
 ) -> DictConfig:
     """Compose ``config_name`` from ``config_dir`` with ``overrides`` and validate it against ``schema``.
+
+    Args:
+        schema: the dataclass the config must fit, or a function that picks it from the composed config (a script
+            whose configs are of several kinds, e.g. CTC or transducer).
+        translate: applied to the composed config before it is validated (e.g. a NeMo YAML's translation).
 
     Raises:
         ConfigError: a bad override, an unknown key (with a suggestion) or a wrong type.
     """
     config_dir = str(Path(config_dir).resolve())
-    overrides = _upsert_known_arguments(overrides, schema)
     with initialize_config_dir(config_dir=config_dir, version_base=None):
+        if schema is not None and not isinstance(schema, type):
+            schema = schema(_translated(_compose_as_given(config_name, overrides), translate))
+        overrides = _upsert_known_arguments(overrides, schema)
         try:
             cfg = compose(config_name=config_name, overrides=overrides)
         except (HydraException, OmegaConfBaseException) as error:
             raise ConfigError(_explain_override_failure(config_name, overrides, error, schema)) from error
     if schema is not None:
-        if is_nemo_config(cfg):  # a NeMo training YAML: translated key by key, never imported
-            cfg = translate_nemo_config(cfg)
-        cfg = validate_config(cfg, schema)
+        cfg = validate_config(_translated(cfg, translate), schema)
     return cfg
 
 
+def _compose_as_given(config_name: str, overrides: list[str]) -> DictConfig:
+    """The config with the overrides Hydra takes as written (without them where one needs the schema's help)."""
+    try:
+        return compose(config_name=config_name, overrides=overrides)
+    except (HydraException, OmegaConfBaseException):
+        return compose(config_name=config_name, overrides=[])
+
+
+def _translated(cfg: DictConfig, translate: Translate | None) -> Any:
+    return cfg if translate is None else translate(cfg)
+
+
 def hydra_runner(
-    config_path: str | None = "conf", config_name: str | None = None, schema: type | None = None
+    config_path: str | None = "conf",
+    config_name: str | None = None,
+    schema: Schema | None = None,
+    translate: Translate | None = None,
 ) -> Callable[[Callable[[DictConfig], Any]], Callable[..., Any]]:
     """Decorate ``main(cfg)`` of an entry script.
 
     Args:
         config_path: config folder, relative to the decorated script's file (like Hydra).
         config_name: YAML file name without extension.
-        schema: dataclass the composed config must fit (see :mod:`speechtrain.common.config`).
+        schema: dataclass the composed config must fit (see :mod:`speechtrain.common.config`), or a function that
+            picks it from the composed config.
+        translate: applied to the composed config before validation (see :func:`compose_config`).
 
     The decorated function, called without arguments, reads ``sys.argv``; called with a config, it runs on that.
     Lifecycle events ``on_app_start`` / ``on_app_end`` bracket the job. From the command line, a mistake in what
@@ -183,7 +212,9 @@ def hydra_runner(
                 logging.basicConfig(level=logging.INFO, format="[%(asctime)s %(levelname)s %(name)s] %(message)s")
             command_line = cfg is None
             if command_line:
-                cfg = _config_from_argv(sys.argv[1:], script_dir, config_path, config_name, schema, script_doc)
+                cfg = _config_from_argv(
+                    sys.argv[1:], script_dir, config_path, config_name, schema, script_doc, translate
+                )
                 if cfg is None:
                     return None
             group = CallbackGroup.get_instance()
@@ -203,6 +234,7 @@ def hydra_runner(
 
         # What the script composes, for tools and tests that check every shipped config against its schema.
         wrapper.schema = schema
+        wrapper.translate = translate
         wrapper.config_name = config_name
         wrapper.config_dir = script_dir / config_path if config_path else script_dir
         return wrapper
@@ -235,8 +267,9 @@ def _config_from_argv(
     script_dir: Path,
     config_path: str | None,
     config_name: str | None,
-    schema: type | None,
+    schema: Schema | None,
     doc: str | None = None,
+    translate: Translate | None = None,
 ) -> DictConfig | None:
     prog = Path(sys.argv[0]).name
     try:
@@ -255,7 +288,7 @@ def _config_from_argv(
             raise ConfigError("No config name: pass --config-name NAME.")
         if not (config_dir / f"{name}.yaml").is_file():
             raise ConfigError(f"No config file {config_dir / (name + '.yaml')}.")
-        cfg = compose_config(config_dir, name, overrides, schema)
+        cfg = compose_config(config_dir, name, overrides, schema, translate)
     except ConfigError as error:
         print(f"{prog}: error: {error}", file=sys.stderr)
         raise SystemExit(2) from None

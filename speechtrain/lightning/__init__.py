@@ -9,12 +9,8 @@ load when a parallel model is built).
 """
 
 from speechtrain.lightning import parallel_state
-from speechtrain.lightning.callbacks import (
-    LIFECYCLE_EVENTS,
-    BaseCallback,
-    CallbackGroup,
-    hook_class_init_with_callbacks,
-)
+from speechtrain.lightning.base_callback import LIFECYCLE_EVENTS, BaseCallback
+from speechtrain.lightning.callbacks import CallbackGroup, hook_class_init_with_callbacks
 from speechtrain.lightning.megatron_parallel import MegatronParallel
 from speechtrain.lightning.noise import silence_upstream_noise
 from speechtrain.lightning.optimizer import MegatronOptimizer

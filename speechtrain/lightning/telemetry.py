@@ -38,7 +38,7 @@ from typing import Any
 
 import torch
 
-from speechtrain.lightning.callbacks import BaseCallback
+from speechtrain.lightning.base_callback import BaseCallback
 
 logger = logging.getLogger(__name__)
 

@@ -14,9 +14,8 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.trainer.connectors.checkpoint_connector import _CheckpointConnector
 
+from speechtrain import backends
 from speechtrain.common.auto_precision import resolve_auto_precision
-from speechtrain.common.denormals import flush_denormals
-from speechtrain.common.memory import keep_freed_memory
 from speechtrain.lightning.callbacks import CallbackGroup
 
 logger = logging.getLogger(__name__)
@@ -172,8 +171,7 @@ class Trainer(pl.Trainer):
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        keep_freed_memory()  # host activations reused step to step (speechtrain.common.memory)
-        flush_denormals()  # a transducer loss on the CPU, +58% (speechtrain.common.denormals)
+        backends.configure_process(backends.device_type_of(kwargs.get("accelerator")))
         if kwargs.get("precision") == "auto":  # bf16-mixed where it is faster here (speechtrain.common.auto_precision)
             kwargs["precision"] = resolve_auto_precision(kwargs.get("accelerator", "auto"))
         bound = inspect.signature(pl.Trainer.__init__).bind(None, *args, **kwargs)

@@ -123,20 +123,3 @@ def test_activation_checkpointing_gives_the_same_outputs_and_gradients():
     torch.testing.assert_close(results[1][0], results[0][0], atol=1e-6, rtol=1e-6)
     for with_recompute, without in zip(results[1][1], results[0][1], strict=True):
         torch.testing.assert_close(with_recompute, without, atol=1e-6, rtol=1e-6)
-
-
-@pytest.mark.parametrize("bias, frozen", [(True, False), (False, False), (True, True)])
-def test_cpu_convolution_with_contiguous_weight_gradient_equals_conv2d(bias, frozen):
-    from speechtrain.asr.conformer import _full_conv
-
-    torch.manual_seed(0)
-    conv = torch.nn.Conv2d(6, 6, 3, stride=2, padding=1, bias=bias).requires_grad_(not frozen)
-    x = torch.randn(2, 6, 11, 8).contiguous(memory_format=torch.channels_last).requires_grad_()
-    grad = torch.randn(2, 6, 6, 4)
-    results = []
-    for run in (_full_conv, lambda c, t: c(t)):
-        out = run(conv, x)
-        inputs = [x] + ([] if frozen else [p for p in conv.parameters()])
-        results.append([out, *torch.autograd.grad(out, inputs, grad)])
-    for fast, plain in zip(*results, strict=True):
-        torch.testing.assert_close(fast, plain, rtol=1e-5, atol=1e-5)

@@ -4,8 +4,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from speechtrain.asr.ctc import ConformerCTCModel, ensure_lm
+from speechtrain.asr.ctc import ConformerCTCModel
 from speechtrain.asr.decoding import BeamSearchDecoder, DecodingConfig, arpa_words, greedy_decode, spell
+from speechtrain.asr.jobs import ensure_lm
 from speechtrain.asr.ngram import NgramLM, main
 from speechtrain.asr.report import validation_transcripts
 from speechtrain.asr.transcribe import parse_args
@@ -124,7 +125,7 @@ def test_the_lm_and_tokenizer_read_input_cfg_manifests_once_and_an_engine_view_a
     from types import SimpleNamespace
 
     import speechtrain.corpora.builtin as synthetic
-    from speechtrain.asr.ctc import _training_texts
+    from speechtrain.asr.jobs import _training_texts
 
     a, b, c = (tmp_path / f"{n}.json" for n in "abc")
     for path in (a, b, c):

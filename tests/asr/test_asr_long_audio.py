@@ -9,8 +9,8 @@ import torch
 
 from speechtrain.asr.ctc import ConformerCTCModel
 from speechtrain.asr.long_audio import transcribe_chunked, word_timestamps
-from speechtrain.asr.tokenizers import CharTokenizer
 from speechtrain.asr.transcribe import transcribe_paths
+from speechtrain.common.tokenizers import CharTokenizer
 
 RATE, HOP = 1000, 10  # 10 ms output frames
 VOCAB = [" ", *"abcdefgh"]

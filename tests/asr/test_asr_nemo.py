@@ -356,7 +356,7 @@ def _finetune_module():
 
 
 def test_finetune_from_a_nemo_file_keeps_its_weights_or_its_encoder(tmp_path):
-    from speechtrain.asr.tokenizers import CharTokenizer
+    from speechtrain.common.tokenizers import CharTokenizer
 
     base = SpeechModel.restore_from(FIXTURES / "fastconformer_hybrid.nemo")
     finetune = _finetune_module()
@@ -373,7 +373,7 @@ def test_finetune_from_a_nemo_file_keeps_its_weights_or_its_encoder(tmp_path):
 def test_salm_perception_takes_a_nemo_encoder(tmp_path):
     from omegaconf import OmegaConf
 
-    from speechtrain.core.config import validate_config
+    from speechtrain.common.config import validate_config
     from speechtrain.speechlm.backbone import ensure_parallel_state
     from speechtrain.speechlm.model import SALMConfig, SALMModel, prepare_salm_config
     from speechtrain.speechlm.prompts import get_template

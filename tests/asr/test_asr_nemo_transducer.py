@@ -168,7 +168,7 @@ def test_transcribe_and_salm_take_a_transducer_nemo_file(tmp_path):
 
 
 def test_finetune_from_a_transducer_nemo_file_keeps_its_weights_or_its_encoder(tmp_path):
-    from speechtrain.asr.tokenizers import CharTokenizer
+    from speechtrain.common.tokenizers import CharTokenizer
 
     base = SpeechModel.restore_from(FIXTURES / "conformer_tdt.nemo")
     finetune = _finetune_module()

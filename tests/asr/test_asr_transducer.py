@@ -9,10 +9,10 @@ from omegaconf import OmegaConf
 
 from speechtrain.asr.ctc import INTERCTC_OFF, UNET_OFF, ConformerCTCConfig
 from speechtrain.asr.ngram import BOS, EOS, NgramLM
-from speechtrain.asr.tokenizers import CharTokenizer
-from speechtrain.asr.transducer import ConformerTransducerConfig, ConformerTransducerModel, asr_config_class
+from speechtrain.asr.transducer import ConformerTransducerConfig, ConformerTransducerModel
 from speechtrain.asr.transducer_decoding import LexiconLM, greedy_batch, word_timestamps
 from speechtrain.asr.transducer_loss import rnnt_loss, tdt_loss
+from speechtrain.common.tokenizers import CharTokenizer
 from speechtrain.core.model import SpeechModel
 from speechtrain.data.cut_datasets import AsrCutDataset
 from speechtrain.data.lhotse_loader import CutBatch, LoaderConfig, read_cuts
@@ -370,14 +370,21 @@ def test_flops_count_the_prediction_network_and_joint():
 
 
 def test_the_example_picks_the_transducer_for_its_configs_and_trains(tmp_path, dtmf_manifest):
+    from speechtrain.asr.jobs import asr_model_schema
     from speechtrain.core.hydra_runner import compose_config
     from speechtrain.core.job import train_job_schema
 
     conf = EXAMPLES / "conf"
-    assert asr_config_class([], conf) is asr_config_class(["-cn", "asr_train"], conf) is ConformerCTCConfig
-    for name in ("asr_train_tdt", "asr_train_rnnt", "asr_train_hybrid"):
-        assert asr_config_class(["--config-name", name], conf) is ConformerTransducerConfig
-        assert asr_config_class([f"--config-name={name}"], conf) is ConformerTransducerConfig
+    chosen = {}
+    for name in ("asr_train", "asr_train_tdt", "asr_train_rnnt", "asr_train_hybrid"):
+        cfg = compose_config(conf, name, [], lambda c, name=name: chosen.setdefault(name, asr_model_schema(c)))
+        assert cfg.model.get("loss") is None if name == "asr_train" else cfg.model.loss in ("tdt", "rnnt")
+    assert chosen == {
+        "asr_train": ConformerCTCConfig,
+        "asr_train_tdt": ConformerTransducerConfig,
+        "asr_train_rnnt": ConformerTransducerConfig,
+        "asr_train_hybrid": ConformerTransducerConfig,
+    }
     schema = train_job_schema(ConformerTransducerConfig)
     demo = compose_config(conf, "asr_train_tdt", [], schema)  # make demo-tdt: the CTC demo's setup with TDT
     assert (demo.model.size, demo.trainer.max_time, demo.model.loss) == ("demo", "00:00:17:00", "tdt")

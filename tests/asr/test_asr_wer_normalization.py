@@ -2,8 +2,8 @@
 
 import pytest
 
-from speechtrain.asr.metrics import TextNormalizer, WerConfig, word_error_rate
 from speechtrain.asr.transcribe import parse_args, summarize
+from speechtrain.common.metrics import TextNormalizer, WerConfig, word_error_rate
 
 
 @pytest.mark.parametrize(

@@ -69,7 +69,7 @@ def test_a_validation_set_without_usable_utterances_stops_the_run_by_name(tmp_pa
     # That run's checkpoint: fine-tuning starts from it (config from the run folder), transcription says what to pass.
     import torch
 
-    from speechtrain.asr.ctc import restore_for_finetuning
+    from speechtrain.asr.jobs import restore_for_finetuning
     from speechtrain.asr.transcribe import main as transcribe
 
     (ckpt,) = (run / "checkpoints").glob("*last.ckpt")

@@ -7,7 +7,7 @@ import tracemalloc
 import pytest
 import torch
 
-from speechtrain.asr.tokenizers import CharTokenizer
+from speechtrain.common.tokenizers import CharTokenizer
 from speechtrain.corpora.dtmf import make_dtmf_corpus
 from speechtrain.data.cut_datasets import AsrCutDataset
 from speechtrain.data.lhotse_loader import LoaderConfig, get_lhotse_dataloader_from_config, read_cuts

@@ -116,7 +116,7 @@ def test_distributed_optimizer_killed_and_resumed_on_gpus_equals_the_uninterrupt
 
 
 def _asr_command(tmp_path: Path, manifest: Path, devices: int, *extra: str, recipe: str = "asr_train") -> list[str]:
-    from speechtrain.asr.tokenizers import CharTokenizer
+    from speechtrain.common.tokenizers import CharTokenizer
 
     tokenizer = tmp_path / "digits.json"
     CharTokenizer([" ", *"0123456789"]).save(tokenizer)

@@ -10,13 +10,13 @@ import pytest
 import torch
 
 from speechtrain.asr.ctc import ConformerCTCConfig, ConformerCTCModel
-from speechtrain.asr.tokenizers import train_sentencepiece
+from speechtrain.asr.nemo_config import is_nemo_config, translate_if_nemo, translate_nemo_config
 from speechtrain.asr.transducer import ConformerTransducerConfig, ConformerTransducerModel
-from speechtrain.core.config import ConfigError
+from speechtrain.common.config import ConfigError
+from speechtrain.common.tokenizers import train_sentencepiece
 from speechtrain.core.hydra_runner import compose_config
 from speechtrain.core.job import train_job_schema
 from speechtrain.core.model import SpeechModel
-from speechtrain.core.nemo_config import is_nemo_config, translate_nemo_config
 
 CONF = Path(__file__).parent / "nemo_conf"
 NAME = "fast-conformer_ctc_bpe"
@@ -36,8 +36,8 @@ def test_the_published_fast_conformer_yaml_composes_translates_and_builds_on_met
                  "model.validation_ds.manifest_filepath=dev.json", "model.optim.sched.name=NoamAnnealing",
                  "model.optim.sched.warmup_steps=null", "model.optim.sched.warmup_ratio=0.05",
                  "model.interctc.loss_weights=[0.3]", "model.interctc.apply_at_layers=[8]"]  # fmt: skip
-    with caplog.at_level(logging.INFO, logger="speechtrain.core.nemo_config"):
-        cfg = compose_config(CONF, NAME, overrides, SCHEMA)
+    with caplog.at_level(logging.INFO, logger="speechtrain.asr.nemo_config"):
+        cfg = compose_config(CONF, NAME, overrides, SCHEMA, translate_if_nemo)
     assert (cfg.model.interctc.loss_weights, cfg.model.interctc.apply_at_layers) == ([0.3], [8])  # at layer 8
     enc = cfg.model.encoder
     assert (enc.num_layers, enc.d_model, enc.num_heads, enc.subsampling, enc.subsampling_factor) == (
@@ -71,7 +71,7 @@ def test_values_that_cannot_be_honoured_are_all_refused_by_name(tokenizer_dir):
                  "model.optim.name=novograd", "model.tokenizer.type=wpe", "trainer.strategy=fsdp",
                  "model.encoder.stochastic_depth_drop_prob=0.1", "+model.encoder.n_layerz=3"]  # fmt: skip
     with pytest.raises(ConfigError) as error:
-        compose_config(CONF, NAME, overrides, SCHEMA)
+        compose_config(CONF, NAME, overrides, SCHEMA, translate_if_nemo)
     message = str(error.value)
     for culprit in ("model.encoder.self_attention_model=abs_pos", "model.optim.name=novograd",
                     "model.tokenizer.type=wpe", "trainer.strategy=fsdp", "model.encoder.stochastic_depth_drop_prob",
@@ -83,11 +83,11 @@ def test_values_that_cannot_be_honoured_are_all_refused_by_name(tokenizer_dir):
 def test_nemo_ema_keys_map_and_cpu_offload_is_refused(tokenizer_dir):
     base = [f"model.tokenizer.dir={tokenizer_dir}", "+exp_manager.ema.enable=true", "+exp_manager.ema.decay=0.99",
             "+exp_manager.ema.validate_original_weights=false"]  # fmt: skip
-    cfg = compose_config(CONF, NAME, [*base, "+exp_manager.ema.cpu_offload=false"], SCHEMA)
+    cfg = compose_config(CONF, NAME, [*base, "+exp_manager.ema.cpu_offload=false"], SCHEMA, translate_if_nemo)
     ema = cfg.exp_manager.ema
     assert (ema.enable, ema.decay, ema.every_n_steps, ema.validate_original_weights) == (True, 0.99, 1, False)
     with pytest.raises(ConfigError, match=r"exp_manager\.ema=.*weights' device"):
-        compose_config(CONF, NAME, [*base, "+exp_manager.ema.cpu_offload=true"], SCHEMA)
+        compose_config(CONF, NAME, [*base, "+exp_manager.ema.cpu_offload=true"], SCHEMA, translate_if_nemo)
 
 
 def test_another_nemo_class_is_refused_and_never_imported():
@@ -133,8 +133,8 @@ def test_the_published_hybrid_tdt_ctc_yaml_translates_into_a_transducer(tokenize
                  "model.validation_ds.manifest_filepath=dev.json",
                  # keys of NeMo's newer YAMLs (fast-conformer_transducer_bpe.yaml)
                  "+model.encoder.use_pytorch_sdpa=false", "+model.encoder.use_pytorch_sdpa_backends=[]"]  # fmt: skip
-    with caplog.at_level(logging.INFO, logger="speechtrain.core.nemo_config"):
-        cfg = compose_config(CONF, HYBRID_TDT, overrides, TRANSDUCER_SCHEMA)
+    with caplog.at_level(logging.INFO, logger="speechtrain.asr.nemo_config"):
+        cfg = compose_config(CONF, HYBRID_TDT, overrides, TRANSDUCER_SCHEMA, translate_if_nemo)
     model = cfg.model
     assert (model.loss, model.durations, model.sigma, model.omega) == ("tdt", [0, 1, 2, 3, 4], 0.02, 0.1)
     assert model.hybrid is True and model.ctc_loss_weight == 0.3 and model.ctc_reduction == "mean_batch"
@@ -151,14 +151,14 @@ def test_the_published_hybrid_tdt_ctc_yaml_translates_into_a_transducer(tokenize
     assert "nemo: model.joint.jointnet.joint_hidden=640 -> model.joint.joint_hidden=640" in lines
     assert any(line.startswith("nemo: model.aux_ctc is set -> model.hybrid=True") for line in lines)
     assert any(line.startswith("nemo: trainer.strategy=ddp -> trainer.strategy={}") for line in lines)
-    from speechtrain.asr.transducer import asr_model_class
+    from speechtrain.asr.jobs import asr_model_class
 
     assert asr_model_class(model) is ConformerTransducerModel
 
 
 def test_the_published_transducer_yaml_translates_into_an_rnnt(tokenizer_dir):
     cfg = compose_config(CONF, "fast-conformer_transducer_bpe", [f"model.tokenizer.dir={tokenizer_dir}"],
-                         TRANSDUCER_SCHEMA)  # fmt: skip
+                         TRANSDUCER_SCHEMA, translate_if_nemo)  # fmt: skip
     model = cfg.model
     assert (model.loss, model.hybrid, model.ctc_reduction) == ("rnnt", False, "mean_volume")
     assert model.decoding.max_symbols == 10
@@ -170,13 +170,14 @@ def test_the_published_transducer_yaml_translates_into_an_rnnt(tokenizer_dir):
 def test_a_plain_rnnt_yaml_and_the_transducer_refusals(tokenizer_dir):
     base = [f"model.tokenizer.dir={tokenizer_dir}", "~model.aux_ctc", "model.loss.loss_name=default"]
     cfg = compose_config(CONF, HYBRID_TDT, base + ["~model.loss.tdt_kwargs", "~model.joint.num_extra_outputs",
-                                                   "model.decoding.model_type=rnnt"], TRANSDUCER_SCHEMA)  # fmt: skip
+                                                   "model.decoding.model_type=rnnt"], TRANSDUCER_SCHEMA,
+                         translate_if_nemo)  # fmt: skip
     assert cfg.model.loss == "rnnt" and cfg.model.hybrid is False
     bad = [f"model.tokenizer.dir={tokenizer_dir}", "model.loss.tdt_kwargs.fastemit_lambda=0.001",
            "model.decoder.normalization_mode=layer", "model.joint.jointnet.activation=gelu",
            "+model.decoder.prednet.rnn_hidden_size=1024", "model.decoding.strategy=wfst"]  # fmt: skip
     with pytest.raises(ConfigError) as error:
-        compose_config(CONF, HYBRID_TDT, bad, TRANSDUCER_SCHEMA)
+        compose_config(CONF, HYBRID_TDT, bad, TRANSDUCER_SCHEMA, translate_if_nemo)
     message = str(error.value)
     for culprit in ("model.loss.tdt_kwargs.fastemit_lambda=0.001: FastEmit is not implemented",
                     "model.decoder.normalization_mode=layer", "model.joint.jointnet.activation=gelu",
@@ -185,7 +186,8 @@ def test_a_plain_rnnt_yaml_and_the_transducer_refusals(tokenizer_dir):
     assert "5 setting(s)" in message
     with pytest.raises(ConfigError, match="model.loss.loss_name=multiblank_rnnt"):
         compose_config(CONF, HYBRID_TDT, [f"model.tokenizer.dir={tokenizer_dir}",
-                                          "model.loss.loss_name=multiblank_rnnt"], TRANSDUCER_SCHEMA)  # fmt: skip
+                                          "model.loss.loss_name=multiblank_rnnt"], TRANSDUCER_SCHEMA,
+                       translate_if_nemo)  # fmt: skip
 
 
 def test_a_nemo_hybrid_tdt_yaml_trains_and_writes_a_transducer_archive(tmp_path, dtmf_manifest):
@@ -209,7 +211,7 @@ def test_a_nemo_hybrid_tdt_yaml_trains_and_writes_a_transducer_archive(tmp_path,
         "trainer.enable_progress_bar=false", "trainer.enable_model_summary=false", f"exp_manager.exp_dir={tmp_path}",
         "exp_manager.create_tensorboard_logger=false",
     ]  # fmt: skip
-    cfg = compose_config(CONF, HYBRID_TDT, overrides, TRANSDUCER_SCHEMA)
+    cfg = compose_config(CONF, HYBRID_TDT, overrides, TRANSDUCER_SCHEMA, translate_if_nemo)
     model = example_main()(cfg)
     assert isinstance(model, ConformerTransducerModel) and model.trainer.global_step == 3
     assert model.cfg.loss == "tdt" and model.cfg.hybrid and model.joint.out.out_features == 14 + 1 + 5

@@ -649,3 +649,9 @@ def _exp_manager(t: _Translator, exp: Mapping[str, Any]) -> None:
     if params is not None:
         t.apply(params, _CHECKPOINT, "exp_manager.checkpoint_callback_params",
                 "exp_manager.checkpoint_callback_params")  # fmt: skip
+
+
+def translate_if_nemo(cfg: DictConfig) -> DictConfig | dict[str, Any]:
+    """``cfg`` translated (:func:`translate_nemo_config`) when it is a NeMo training YAML, else ``cfg``: the hook the
+    ASR scripts give their Hydra runner."""
+    return translate_nemo_config(cfg) if is_nemo_config(cfg) else cfg
