@@ -1,7 +1,7 @@
 """Train a speech recogniser: Conformer / FastConformer CTC (the default), or a transducer (RNN-T, TDT, hybrid
 TDT-CTC), with a BPE tokenizer.
 
-python examples/asr_train.py                                   # built-in eSpeak corpus, CPU demo (23 min of training)
+python examples/asr_train.py                                   # built-in corpus, CPU demo (trainer.max_time budget)
 python examples/asr_train.py --config-name asr_train_tdt       # the same with a TDT transducer (also _rnnt, _hybrid)
 python examples/asr_train.py trainer.devices=2                 # two data-parallel processes
 python examples/asr_train.py trainer.strategy.tensor_model_parallel_size=2 trainer.devices=2

@@ -41,14 +41,14 @@ def _meta_model(name, *overrides):
     """The recipe's config and its model: front-end on the CPU (small), encoder and CTC head on the meta device."""
     from omegaconf import OmegaConf
 
-    from speechtrain.asr.ctc import ConformerCTCModel
     from speechtrain.asr.features import LogMelFeatures
+    from speechtrain.asr.jobs import asr_model_class
     from speechtrain.asr.spec_augment import SpecAugment
 
     main = _main(SCRIPT_OF.get(name, name))
     cfg = compose_config(main.config_dir, name, list(overrides), main.schema, main.translate)
     cfg.model.tokenizer.vocab = [chr(0x4E00 + i) for i in range(cfg.model.tokenizer.vocab_size)]  # stand-in
-    model = ConformerCTCModel(cfg.model)  # config and tokenizer; the layers come in configure_model
+    model = asr_model_class(cfg.model)(cfg.model)  # config checks and tokenizer; the layers come in configure_model
     LogMelFeatures(OmegaConf.to_object(cfg.model.preprocessor), cfg.model.sample_rate)
     if cfg.model.spec_augment:
         SpecAugment(OmegaConf.to_object(cfg.model.spec_augment))
@@ -74,3 +74,37 @@ def test_asr_recipes_build_their_models_on_the_meta_device(name):
         assert 100e6 < params < 140e6, params
     else:
         assert 3e6 < params < 6e6, params  # the 4.3M CPU demo
+
+
+ASR_RECIPES = ["asr_train", *sorted(n for n, script in SCRIPT_OF.items() if script == "asr_train")]
+
+
+def _sizes():
+    from speechtrain.asr.ctc import MODEL_SIZES
+
+    return sorted(MODEL_SIZES)
+
+
+@pytest.mark.parametrize("name", ASR_RECIPES)
+def test_every_size_builds_on_every_asr_recipe_with_no_other_override(name):
+    """``model.size=NAME`` alone gives a working model: what depends on the depth (intermediate-CTC taps, the
+    temporal U-Net's span) comes with the size, so no recipe refuses a size."""
+    for size in _sizes():
+        cfg, model = _meta_model(name, f"model.size={size}")
+        assert cfg.model.size == size and all(p.is_meta for p in model.parameters()), size
+
+
+@pytest.mark.parametrize("name", YAMLS)
+def test_every_lightning_trainer_argument_is_accepted_without_plus_in_every_recipe(name):
+    import inspect
+
+    import lightning.pytorch as pl
+
+    main = _main(SCRIPT_OF.get(name, name))
+    arguments = [a for a in inspect.signature(pl.Trainer.__init__).parameters if a not in ("self", "strategy")]
+    base = compose_config(main.config_dir, name, REQUIRED.get(name, []), main.schema, main.translate)
+    if "trainer" not in base:
+        pytest.skip(f"{name} trains without a Lightning Trainer")
+    overrides = [f"trainer.{a}=null" for a in arguments if a not in base.trainer]
+    cfg = compose_config(main.config_dir, name, [*REQUIRED.get(name, []), *overrides], main.schema, main.translate)
+    assert all(a in cfg.trainer for a in arguments), name

@@ -35,7 +35,7 @@ from speechtrain.common.metrics import TextNormalizer, WerConfig, edit_distance,
 from speechtrain.common.tokenizers import CharTokenizer, load_tokenizer
 from speechtrain.core.model import SpeechModel
 from speechtrain.core.optim import OptimConfig
-from speechtrain.corpora.builtin import resolve_manifest as resolve_builtin
+from speechtrain.corpora import builtin
 from speechtrain.data.audio_text import SkipTally
 from speechtrain.data.cut_datasets import AsrCutDataset
 from speechtrain.data.lhotse_loader import LoaderConfig, get_lhotse_dataloader_from_config, loader_config
@@ -64,7 +64,7 @@ class TokenizerConfig:
 
 def resolve_manifest(name: Any) -> str:
     """A manifest path, with ``builtin:<corpus>/<split>`` names resolved (built on first use)."""
-    return str(resolve_builtin(name))
+    return str(builtin.resolve_manifest(name))
 
 
 def validation_set_name(manifest: str) -> str:
@@ -84,6 +84,11 @@ class CTCModel(SpeechModel):
     ``validation_ds.manifest_filepath`` may list several manifests: each is its own validation set, logged as
     ``val_wer_<name>`` / ``val_cer_<name>``; ``val_wer`` and ``val_loss`` are those of the first set.
     """
+
+    NO_TRAINING_DATA = (
+        "model.train_ds names no data (manifest_filepath, cuts_path, shar_path, input_cfg, or a tarred dataset): "
+        "there is nothing to train on."
+    )
 
     def __init__(self, cfg: Any) -> None:
         super().__init__(cfg)
@@ -237,14 +242,6 @@ class CTCModel(SpeechModel):
         """(B,) losses of the model's output (:meth:`forward`), as validation reports them; CTC's here."""
         return self.ctc_losses(output, lengths, batch)
 
-    def training_step(self, batch: dict[str, Any] | None, batch_idx: int) -> torch.Tensor | None:
-        if is_empty_batch(batch):
-            return None
-        loss_sum, count = self.loss_step(batch, self.forward_step(batch))
-        loss = loss_sum / count.clamp(min=1)
-        self.log("train_loss", loss, prog_bar=True, batch_size=len(batch["ids"]))
-        return loss
-
     # ---------------------------------------------------------------------------------------------- validation
     def on_validation_epoch_start(self) -> None:
         self._val_sums = {}
@@ -396,19 +393,6 @@ class CTCModel(SpeechModel):
             epoch_batches=epoch_batches,
         )
 
-    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
-        """Shows training speed (audio-seconds per second, all data-parallel ranks) and the time left in the bar."""
-        self.log_training_speed(batch)
-
-    def train_dataloader(self) -> DataLoader:
-        if self._train_loader is None:
-            raise ValueError("model.train_ds names no data (manifest_filepath, cuts_path, shar_path, input_cfg, or a "
-                             "tarred dataset): there is nothing to train on.")  # fmt: skip
-        return self._train_loader
-
-    def val_dataloader(self) -> list[DataLoader]:
-        return self._val_loaders
-
     # ------------------------------------------------------------------------------------------- inference
     @torch.inference_mode()
     def transcribe(
@@ -474,18 +458,25 @@ class CTCModel(SpeechModel):
         }
 
 
-# Named sizes: ``debug`` for tests; ``demo``, the CPU demo's 4x Conformer; FastConformer's published
-# small/medium/large/xlarge (8x dw_striding, the encoder defaults).
+# Named sizes: the encoder's shape, and what depends on its depth (the temporal U-Net's span of half-rate layers),
+# so that ``model.size=NAME`` alone gives a working encoder in every recipe. ``debug`` for tests; ``demo``, the CPU
+# demo's 4x Conformer; FastConformer's published small/medium/large/xlarge (8x dw_striding, the encoder defaults).
 MODEL_SIZES: dict[str, dict[str, Any]] = {
     "debug": {"d_model": 32, "num_layers": 2, "num_heads": 2, "conv_kernel_size": 5, "subsampling": "striding",
               "subsampling_factor": 4, "subsampling_conv_channels": 32},
     "demo": {"d_model": 144, "num_layers": 8, "num_heads": 4, "conv_kernel_size": 15, "subsampling": "striding",
-             "subsampling_factor": 4, "subsampling_conv_channels": 64, "dropout": 0.0, "dropout_att": 0.0},
+             "subsampling_factor": 4, "subsampling_conv_channels": 64, "dropout": 0.0, "dropout_att": 0.0,
+             "time_reduce_idx": 2, "time_recovery_idx": 7},
     "small": {"d_model": 176, "num_layers": 16, "num_heads": 4},
     "medium": {"d_model": 256, "num_layers": 16, "num_heads": 4},
     "large": {"d_model": 512, "num_layers": 17, "num_heads": 8},
     "xlarge": {"d_model": 1024, "num_layers": 24, "num_heads": 8},
 }  # fmt: skip
+# The intermediate-CTC taps of a size (layer indices depend on the depth): those of ``model.interctc`` that the
+# config does not give. Sizes not listed have none (NeMo's default).
+SIZE_INTERCTC: dict[str, dict[str, Any]] = {
+    "demo": {"loss_weights": [0.2, 0.2], "apply_at_layers": [2, 5], "self_conditioning": True},
+}
 
 
 # Command-line overrides that turn intermediate CTC off (e.g. for an encoder too shallow for the demo's taps).
@@ -513,8 +504,9 @@ class InterCTCConfig:
 
 @dataclass
 class ConformerCTCConfig:
-    """Config of :class:`ConformerCTCModel` (``size`` fills in the encoder shape; every encoder key given in the YAML
-    or on the command line wins over the size, whatever its value)."""
+    """Config of :class:`ConformerCTCModel` (``size`` fills in the encoder shape and its intermediate-CTC taps,
+    :data:`MODEL_SIZES`; every encoder or ``interctc`` key given in the YAML or on the command line wins over the
+    size, whatever its value)."""
 
     sample_rate: int = 16000
     size: str | None = None
@@ -535,13 +527,16 @@ class ConformerCTCConfig:
     @staticmethod
     def expand_given(config: dict[str, Any]) -> dict[str, Any]:
         """Called by :func:`~speechtrain.common.config.validate_config` on the keys given, before defaults are
-        filled in: ``size``'s encoder shape under the encoder keys that were given."""
+        filled in: ``size``'s encoder shape and intermediate-CTC taps under the keys that were given."""
         size = config.get("size")
         if not size:
             return config
         if size not in MODEL_SIZES:
             raise ConfigError(f"Unknown model.size={size!r}; choose one of {', '.join(MODEL_SIZES)}.")
-        return {**config, "encoder": {**MODEL_SIZES[size], **dict(config.get("encoder") or {})}}
+        expanded = {**config, "encoder": {**MODEL_SIZES[size], **dict(config.get("encoder") or {})}}
+        if size in SIZE_INTERCTC:
+            expanded["interctc"] = {**SIZE_INTERCTC[size], **dict(config.get("interctc") or {})}
+        return expanded
 
 
 class ConformerCTCModel(CTCModel):

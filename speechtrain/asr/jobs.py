@@ -7,6 +7,7 @@ pretrained model a fine-tune starts from (:func:`restore_for_finetuning`). The m
 """
 
 import hashlib
+import json
 import logging
 import os
 import tempfile
@@ -173,6 +174,9 @@ def fit_and_report(trainer: Any, model: CTCModel, log_dir: Any, start: float) ->
             print(f"\nDecoding report (greedy = acoustic model alone; beam + LM beside it):\n{report}\n", flush=True)
             if log_dir is not None:
                 (Path(log_dir) / "decoding_report.md").write_text(report + "\n", encoding="utf-8")
+                # The closing metrics for tools (benchmarks/results.py from-run records make demo's WERs from them).
+                closing_metrics = {k: float(v) for k, v in sorted(metrics.items())}
+                (Path(log_dir) / "final_metrics.json").write_text(json.dumps(closing_metrics, indent=1) + "\n")
 
 
 def restore_for_finetuning(path: str | Path) -> SpeechModel:

@@ -89,14 +89,13 @@ def greedy_breakdowns(
 
     ``decoded``: per set, this rank's share of the closing validation's greedy transcripts ({cut id: text}, see
     :func:`validation_transcripts`). Gathered over the data-parallel group, they spare a second greedy pass over the
-    set (the demo's three sets: ~1,400 utterances, ~9 s on 2 cores) where they hold all its utterances (none was
-    skipped).
+    set where they hold all its utterances (none was skipped).
 
     Else it runs the model, shared out over the data-parallel replicas: replica ``r`` of ``n`` decodes every ``n``-th
     utterance from the ``r``-th (all the ranks of a replica together, each with its own tensor-parallel shards), and
     one ``all_gather_object`` per set over the data-parallel group gives every rank all the transcripts. So every
-    rank calls it, and issues the same collectives in the same order whatever the data (before, the first replica
-    decoded everything while the others waited: 1,380 utterances on one of the demo's two processes). A file a rank
+    rank calls it, and issues the same collectives in the same order whatever the data (rather than the first
+    replica decoding everything while the others wait). A file a rank
     cannot read is sent in place of its share, so every rank leaves that set's breakdown out (with a warning naming
     it) instead of waiting for the failed rank."""
     import torch

@@ -19,9 +19,8 @@ Memory: the joint's output would be B x T x (U+1) x (V+1+D) values for a whole b
 backward pass instead of being kept (``fused_batch_size: 0`` runs the whole batch at once and keeps it). The joint
 then takes one sub-batch's ``fused_batch_size x T x (U+1) x (joint_hidden + 2 (V+1+D))`` floats at its peak, plus
 ``B x T x (U+1) x (2+D)`` kept values; T and U are the batch's longest (no per-step host read to trim them; bucketed
-batches hold similar lengths). Measured for 8 utterances of 10 s (251 frames, 40 labels, BPE 128, joint 256, TDT):
-tensors kept for the backward pass by the joint and loss 354.5 MiB with the whole batch, 32.2 MiB with sub-batches
-of 4 or 1 (most of it the loss recursion's, which does not grow with the vocabulary).
+batches hold similar lengths). With sub-batches, what the joint and loss keep for the backward pass is mostly the
+loss recursion's, which does not grow with the vocabulary.
 
 Tensor parallelism: the encoder is split over the TP ranks (its output is whole on every rank); the prediction
 network and the joint are replicated. Vocabularies of transducers are small (128 to 1024 pieces), so a
@@ -99,9 +98,9 @@ class JointConfig:
         activation: ``relu``, ``tanh``, ``silu`` or ``sigmoid``.
         dropout: dropout after the activation.
         fused_batch_size: utterances whose joint and loss terms are computed at once (0: the whole batch).
-        frame_stack: the transducer reads this many consecutive encoder frames as one, concatenated (2 on a 40 ms
-            encoder: an 80 ms transducer, as NeMo's Parakeet-TDT, with half the joint and loss cost; a hybrid
-            model's CTC head keeps the encoder's frames). TDT durations count these frames.
+        frame_stack: the transducer reads this many consecutive encoder frames as one, concatenated (2 on a 4x
+            encoder: an 8x transducer, as NeMo's Parakeet-TDT, with half the joint and loss cost; a hybrid model's
+            CTC head keeps the encoder's frames). TDT durations count these frames.
     """
 
     joint_hidden: int = 640
@@ -154,6 +153,15 @@ class ConformerTransducerConfig(ConformerCTCConfig):
     prediction: PredictionConfig = field(default_factory=PredictionConfig)
     joint: JointConfig = field(default_factory=JointConfig)
     decoding: TransducerDecodingConfig = field(default_factory=TransducerDecodingConfig)
+
+    @staticmethod
+    def expand_given(config: dict[str, Any]) -> dict[str, Any]:
+        """The CTC model's (``size``), less the size's intermediate-CTC taps where there is no CTC head to read them
+        (``hybrid`` false)."""
+        expanded = ConformerCTCConfig.expand_given(config)
+        if not config.get("hybrid") and "interctc" not in config:
+            expanded.pop("interctc", None)
+        return expanded
 
 
 class PredictionNetwork(torch.nn.Module):

@@ -65,9 +65,9 @@ def transducer_loss_from_terms(
 
 def _logsumexp(x: torch.Tensor, dim: int) -> torch.Tensor:
     """``torch.logsumexp`` over ``dim`` for the lattice, whose entries are mostly NEG: exp() takes a slow path on the
-    CPU for arguments below about -87 (results under fp32's normal range: 7-20x slower per element, measured with
-    torch 2.11). Terms more than 80 below the largest (under 2e-35 of it, nothing at fp32's or fp64's precision)
-    count as exp(-80) instead."""
+    CPU for arguments below about -87 (results under fp32's normal range are many times slower per element). Terms
+    more than 80 below the largest (under 2e-35 of it, nothing at fp32's or fp64's precision) count as exp(-80)
+    instead."""
     top = x.amax(dim, keepdim=True)
     return (x - top).clamp_(min=-80.0).exp_().sum(dim).log_().add_(top.squeeze(dim))
 

@@ -1,13 +1,11 @@
 """``trainer.precision=auto``: bf16 autocast where this machine computes it faster than fp32, else fp32.
 
 On a GPU that supports bf16 the answer is always ``bf16-mixed``. On a CPU it depends on the CPU, and no flag that can
-be read tells: measured with torch 2.11, one thread, a 3000x144 by 144x576 product (the demo encoder's feed-forward
-shape): on one 2-core machine of this project (AVX512-BF16, no AMX) bf16 took twice as long as fp32 and the demo's
-step was 25% slower in bf16; on another (AMD EPYC, Zen 4, AVX512-BF16 too) bf16 ran 3.1x as fast (191 vs 71
-GFLOP/s, ``benchmarks/cpu_bf16.py``) and the demo trained 16% more audio per second (a mean 104 vs 90 audio-s/s over
-17 minutes: the rest of its step, the transducer loss among it, stays fp32). So ``auto`` times that product in both
-dtypes when the run starts (well under a second) and takes ``bf16-mixed`` when bf16 is at least :data:`MIN_SPEEDUP`
-times as fast.
+be read tells: on some CPUs with bf16 instructions a bf16 matrix product of the demo encoder's feed-forward shape is
+slower than fp32 and so is the demo's step; on others it is several times as fast and the demo trains more audio per
+second (the rest of its step, the transducer loss among it, stays fp32; ``benchmarks/cpu_bf16.py`` times it). So
+``auto`` times that product in both dtypes when the run starts (well under a second) and takes ``bf16-mixed`` when
+bf16 is at least :data:`MIN_SPEEDUP` times as fast.
 Features, losses and the optimizer stay fp32 under ``bf16-mixed`` (:mod:`speechtrain.lightning.precision`).
 
 Every data-parallel rank must train in the same precision. The process that resolves ``auto`` first writes its
@@ -68,10 +66,9 @@ def product_gflops(dtype: torch.dtype, repeats: int = 5, products: int = 4) -> f
 
 def bf16_speedup(repeats: int = 12, products: int = 4) -> float:
     """fp32 time / bf16 time of the demo-shaped matrix product on this CPU: the best of ``repeats`` timings of
-    ``products`` products in each dtype, the two dtypes taking turns (~0.3 s in all on a 2-core Zen 4). Taking
-    turns matters: another process that wakes up for a moment then slows both dtypes' timings alike. One timing
-    per dtype, the first after the other (five repeats each, ~0.1 s), read 1.15x on a Zen 4 whose bf16 runs
-    2.4x as fast (a demo then trained in fp32, ~25% fewer steps); twelve turns read 2.2-2.5x there."""
+    ``products`` products in each dtype, the two dtypes taking turns. Taking turns matters: another process that
+    wakes up for a moment then slows both dtypes' timings alike, where one timing per dtype, the first after the
+    other, can read far below the true ratio (and a demo then trains in fp32, with fewer steps)."""
     fp32, bf16 = _operands(torch.float32), _operands(torch.bfloat16)
     best_fp32 = best_bf16 = float("inf")
     for _ in range(repeats):

@@ -36,6 +36,7 @@ from speechtrain.common.config import (
 )
 from speechtrain.core.exp_manager import discard_new_run_folder, forget_new_run_folder, log_to_run_file
 from speechtrain.lightning import CallbackGroup
+from speechtrain.lightning.noise import rank_zero_info_only
 
 _OVERRIDE_KEY = re.compile(r"^(?P<prefix>~|\+\+|\+)?(?P<key>[\w.\-/@]+)")
 USAGE = """usage: {prog} [--config-path DIR] [--config-name NAME] [--cfg] [key=value | +key=value | ~key ...]
@@ -210,6 +211,8 @@ def hydra_runner(
         def wrapper(cfg: DictConfig | None = None) -> Any:
             if not logging.getLogger().handlers:  # before composing: a NeMo YAML's translation is logged
                 logging.basicConfig(level=logging.INFO, format="[%(asctime)s %(levelname)s %(name)s] %(message)s")
+                for handler in logging.getLogger().handlers:  # the other ranks' INFO lines repeat rank 0's
+                    handler.addFilter(rank_zero_info_only)
             command_line = cfg is None
             if command_line:
                 cfg = _config_from_argv(

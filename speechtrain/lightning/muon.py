@@ -9,10 +9,9 @@ convolutions and recurrent weights stay with AdamW, as Muon's authors prescribe.
 
 Why this file and not the engine's: Megatron Core 0.16's Muon (``get_megatron_muon_optimizer``) needs the
 ``emerging-optimizers`` package, which ships for Python >= 3.12 only (this project's pin is 3.11); torch's own
-``torch.optim.Muon`` computes the same update one matrix at a time, 78 ms per step for the CPU demo model's 92
-matrices (one thread), where :func:`orthogonalize` stacks the matrices of one shape and runs the iterations as
-batched products (57 ms; ``benchmarks/asr_optimizers.py --cost``). Its numbers are torch's (tested against
-``torch.optim.Muon``).
+``torch.optim.Muon`` computes the same update one matrix at a time, where :func:`orthogonalize` stacks the matrices
+of one shape and runs the iterations as batched products, fewer and larger (``benchmarks/asr_optimizers.py --cost``
+times both). Its numbers are torch's (tested against ``torch.optim.Muon``).
 
 Data parallelism: every data-parallel rank holds the same reduced gradients and momentum, so each orthogonalises
 only its share of the matrices and one ``all_gather`` (bf16, one per step, the same layout on every rank whatever the

@@ -48,8 +48,8 @@ class MegatronStrategy(DDPStrategy):
         fp16_initial_loss_scale, fp16_min_loss_scale, fp16_loss_scale_window, fp16_hysteresis: Megatron's dynamic
             loss scaler under ``16-mixed`` (NeMo's ``MegatronMixedPrecision`` names and defaults: 2^32, 1, 1000 steps,
             2 overflows). The scale halves after ``hysteresis`` overflowing steps (each skipped) and doubles after
-            ``window`` clean ones: from 2^32 a small model skips its first ~20 steps (measured on one H200), so a
-            lower start such as 2^16 saves them. Ignored by the other precisions.
+            ``window`` clean ones: from 2^32 a small model skips its first steps until the scale has come down to
+            what its gradients allow, so a lower start such as 2^16 saves them. Ignored by the other precisions.
         **kwargs: ``DDPStrategy`` arguments (``process_group_backend``, ``timeout``, ...).
     """
 

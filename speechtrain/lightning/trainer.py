@@ -6,6 +6,7 @@ import difflib
 import importlib
 import inspect
 import logging
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ from lightning.pytorch.trainer.connectors.checkpoint_connector import _Checkpoin
 from speechtrain import backends
 from speechtrain.common.auto_precision import resolve_auto_precision
 from speechtrain.lightning.callbacks import CallbackGroup
+from speechtrain.lightning.progress import ProgressLog
 
 logger = logging.getLogger(__name__)
 
@@ -187,6 +189,10 @@ class Trainer(pl.Trainer):
             from speechtrain.lightning.precision import MegatronMixedPrecision
 
             kwargs["plugins"] = [MegatronMixedPrecision(kwargs.pop("precision"))]
+        if kwargs.get("enable_progress_bar", True) is not False and not sys.stdout.isatty():
+            # A progress bar written to a file shows nothing until the end: log lines instead (progress.py).
+            kwargs["enable_progress_bar"] = False
+            kwargs["callbacks"] = [*(kwargs.get("callbacks") or []), ProgressLog()]
         CallbackGroup.get_instance().on_app_start()
         super().__init__(*args, **kwargs)
         self._checkpoint_connector = _EventfulCheckpointConnector(self)

@@ -23,8 +23,8 @@ def linear_default_init(weight: torch.Tensor) -> torch.Tensor:
     """``torch.nn.Linear``'s weight initialisation, U(-1/sqrt(fan_in), 1/sqrt(fan_in)), on the full (out, in) weight.
 
     The default of every layer here. Xavier-uniform, tried first, draws the (in -> in) and (4 in -> in) weights of a
-    transformer 1.7-2.2x larger: the demo Conformer then sat in the CTC all-blank plateau for its whole 25-minute
-    budget, while with this initialisation it leaves the plateau after ~200 steps.
+    transformer 1.7-2.2x larger: the demo Conformer then sat in the CTC all-blank plateau for its whole budget,
+    while with this initialisation it leaves the plateau early.
     """
     return torch.nn.init.kaiming_uniform_(weight, a=math.sqrt(5))
 

@@ -266,6 +266,8 @@ class AudioPerception(torch.nn.Module):
 class SALMModel(SpeechModel):
     """Speech-augmented LLM (see the module docstring)."""
 
+    NO_TRAINING_DATA = "model.train_ds names no data (manifest_filepath, cuts_path or conversations_path)."
+
     Config = SALMConfig
 
     def __init__(self, cfg: Any) -> None:
@@ -355,8 +357,8 @@ class SALMModel(SpeechModel):
         """Initialise the projection so that audio embeddings have the RMS of the LLM's token embeddings.
 
         The adapter's output is layer-normalised (unit RMS); a default-initialised projection then gives audio
-        embeddings ~20x larger than token embeddings (0.59 vs 0.027 in the demo), and the LLM's first RMSNorm
-        divides the gradient reaching the projection by that size. (An archive's weights replace this anyway.)
+        embeddings far larger than token embeddings (over an order of magnitude in the demo), and the LLM's first
+        RMSNorm divides the gradient reaching the projection by that size. (An archive's weights replace this anyway.)
         """
         weight = self.llm.embedding.word_embeddings.weight.detach().float()
         stats = torch.stack([weight.pow(2).sum(), torch.tensor(float(weight.numel()))])
@@ -428,14 +430,6 @@ class SALMModel(SpeechModel):
         """(summed cross-entropy over target tokens, number of target tokens)."""
         losses, mask = output
         return (losses * mask).sum(), mask.sum()
-
-    def training_step(self, batch: dict[str, Any] | None, batch_idx: int) -> torch.Tensor | None:
-        if is_empty_batch(batch):
-            return None
-        loss_sum, count = self.loss_step(batch, self.forward_step(batch))
-        loss = loss_sum / count.clamp(min=1)
-        self.log("train_loss", loss, prog_bar=True, batch_size=len(batch["ids"]))
-        return loss
 
     # ------------------------------------------------------------------------------------------- generation
     @torch.no_grad()
@@ -611,17 +605,6 @@ class SALMModel(SpeechModel):
             cfg, parallel_state.data_parallel_rank(), parallel_state.data_parallel_world_size(), dataset,
             cuts=cuts, constraint=total_length_constraint(cfg, self.frame_seconds),
         )  # fmt: skip
-
-    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
-        self.log_training_speed(batch)
-
-    def train_dataloader(self) -> DataLoader:
-        if self._train_loader is None:
-            raise ValueError("model.train_ds names no data (manifest_filepath, cuts_path or conversations_path).")
-        return self._train_loader
-
-    def val_dataloader(self) -> list[DataLoader]:
-        return self._val_loaders
 
 
 def _has_token(tokenizer: LLMTokenizer, token: str) -> bool:

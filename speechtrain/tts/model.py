@@ -206,6 +206,8 @@ def alignment_loss(weights: torch.Tensor, text_lens: torch.Tensor, step_lens: to
 class TTSModel(SpeechModel):
     """Encoder-decoder codec-token TTS with CFG (see the module docstring)."""
 
+    NO_TRAINING_DATA = "model.train_ds.manifest_filepath is not set: there is nothing to train on."
+
     Config = TTSConfig
 
     def __init__(self, cfg: Any) -> None:
@@ -432,15 +434,9 @@ class TTSModel(SpeechModel):
             self._last_alignment_loss = align.detach()
         return loss_sum + self.cfg.prior.alignment_loss_weight * align * count, count
 
-    def training_step(self, batch: dict[str, Any] | None, batch_idx: int) -> torch.Tensor | None:
-        if is_empty_batch(batch):
-            return None
-        loss_sum, count = self.loss_step(batch, self.forward_step(batch))
-        loss = loss_sum / count.clamp(min=1)
-        self.log("train_loss", loss, prog_bar=True, batch_size=len(batch["ids"]))
+    def log_step_extras(self, batch: dict[str, Any]) -> None:
         if getattr(self, "_last_alignment_loss", None) is not None:
             self.log("train_alignment_loss", self._last_alignment_loss, batch_size=len(batch["ids"]))
-        return loss
 
     # ---------------------------------------------------------------------------------------------- validation
     def on_validation_epoch_start(self) -> None:
@@ -517,14 +513,6 @@ class TTSModel(SpeechModel):
         """Shows training speed and the time left (:meth:`log_training_speed`), and the prior's strength."""
         if self.log_training_speed(batch):
             self.log("prior_strength", self.prior_strength(self.global_step), batch_size=1)
-
-    def train_dataloader(self) -> DataLoader:
-        if self._train_loader is None:
-            raise ValueError("model.train_ds.manifest_filepath is not set: there is nothing to train on.")
-        return self._train_loader
-
-    def val_dataloader(self) -> list[DataLoader]:
-        return self._val_loaders
 
     # ------------------------------------------------------------------------------------------- synthesis
     def encode_texts(self, texts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
