@@ -3,11 +3,16 @@
     python benchmarks/asr_demo.py                       # fp32 and bf16-mixed, the demo's default schedule
     python benchmarks/asr_demo.py --precisions bf16-mixed -- trainer.max_epochs=2
 
-Throughput is training audio-seconds per wall-second over the training steps (first 5 steps excluded).
+Throughput is training audio-seconds per wall-second over the training steps (first 5 steps excluded). Each
+precision's figures are appended to results/demo.jsonl (``demo.ctc.train_speed.<precision>``, ...; see
+benchmarks/results.py) unless ``--no-record``.
 """
 
 import argparse
 import importlib.util
+import math
+import shlex
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -15,6 +20,9 @@ from pathlib import Path
 from speechtrain.common.metrics import format_rate
 from speechtrain.core.hydra_runner import compose_config
 from speechtrain.lightning import BaseCallback, CallbackGroup
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from results import append  # noqa: E402
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
@@ -69,6 +77,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--precisions", nargs="+", default=["32", "bf16-mixed"])
     parser.add_argument("--warmup", type=int, default=5, help="training steps left out of the throughput")
+    parser.add_argument("--no-record", action="store_true", help="print only: append nothing to results/")
     parser.add_argument("overrides", nargs="*", help="config overrides for every run")
     args = parser.parse_args(argv)
     rows = [run(p, args.overrides, args.warmup) for p in args.precisions]
@@ -76,6 +85,18 @@ def main(argv: list[str] | None = None) -> None:
     print("|---|---|---|---|")
     for r in rows:
         print(f"| {r['precision']} | {r['audio_s_per_s']:.0f} | {format_rate(r['wer'])} | {r['wall']:.0f} |")
+    if not args.no_record:
+        record(rows, shlex.join(["python", "benchmarks/asr_demo.py", *(sys.argv[1:] if argv is None else argv)]))
+
+
+def record(rows: list[dict], command: str) -> None:
+    """Append each precision's throughput, final validation WER (when there is one) and wall time."""
+    for r in rows:
+        name = "fp32" if r["precision"] == "32" else r["precision"].replace("-", "_")
+        append(f"demo.ctc.train_speed.{name}", round(r["audio_s_per_s"], 1), "audio-s/s", command)
+        if not math.isnan(r["wer"]):
+            append(f"demo.ctc.val_wer.{name}", round(100.0 * r["wer"], 2), "%", command)
+        append(f"demo.ctc.benchmark_wall_time.{name}", round(r["wall"]), "s", command, "incl. validation")
 
 
 if __name__ == "__main__":

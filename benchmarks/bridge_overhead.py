@@ -7,12 +7,16 @@ gradient clipping, on the same batches. The time of a step covers forward, backw
 optimizer update (not data loading); the median over the timed steps is reported. Denormal floats are flushed
 to zero in every variant: otherwise CPU step times depend on how many tiny values the weights happen to hold
 (seen here: the same loop at 350 or 480 ms/step depending on the learning rate), which would swamp the
-framework's overhead.
+framework's overhead. The bridge's median ratio is appended to results/speed.jsonl
+(``speed.bridge_overhead_ratio``) unless ``--no-record``.
 """
 
 import argparse
+import shlex
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import lightning.pytorch as pl
 import torch
@@ -21,6 +25,9 @@ from omegaconf import OmegaConf
 from speechtrain.core.optim import build_optimizer
 from speechtrain.lightning import MegatronStrategy, Trainer, teardown
 from speechtrain.testing.toy_models import ToyTransformerRegressor
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from results import append  # noqa: E402
 
 SIZE = {
     "input_dim": 80,
@@ -96,6 +103,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--rounds", type=int, default=3, help="variants run in turn this many times (paired)")
+    parser.add_argument("--no-record", action="store_true", help="print only: append nothing to results/")
     args = parser.parse_args(argv)
     torch.set_flush_denormal(True)
     variants = {
@@ -116,6 +124,11 @@ def main(argv: list[str] | None = None) -> None:
         ms = " / ".join(f"{r[name]:.1f}" for r in rounds)
         ratios = [r[name] / r[names[0]] for r in rounds]
         print(f"| {name} | {ms} | {' / '.join(f'{x:.3f}' for x in ratios)} (median {statistics.median(ratios):.3f}) |")
+    if not args.no_record:
+        ratios = [r[names[2]] / r[names[0]] for r in rounds]
+        command = shlex.join(["python", "benchmarks/bridge_overhead.py", *(sys.argv[1:] if argv is None else argv)])
+        note = "bridge step time / plain loop step time, median of rounds " + " / ".join(f"{x:.3f}" for x in ratios)
+        append("speed.bridge_overhead_ratio", round(statistics.median(ratios), 3), "x plain PyTorch", command, note)
 
 
 if __name__ == "__main__":

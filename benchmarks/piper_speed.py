@@ -23,9 +23,10 @@ def main(argv: list[str] | None = None) -> None:
     import torch
 
     from speechtrain.corpora import engines as sc
+    from speechtrain.corpora import speech_corpus
 
-    sc._init_worker()
-    planned = sc.plan_speech(10.0, 0, None, sc.HELDOUT_ENGINE, sc.HELDOUT_UTTERANCES)
+    sc.init_worker()
+    planned = speech_corpus.plan_speech(10.0, 0, None, speech_corpus.HELDOUT_ENGINE, speech_corpus.HELDOUT_UTTERANCES)
     utterances = [u for u in planned if u.engine == "piper"][: args.utterances]
     rows = {}
     parts = {"front": 0.0, "decoder": 0.0}  # the bf16 way's timed pass: ONNX Runtime's front, torch's decoder

@@ -33,10 +33,27 @@ def test_asr_demo_benchmark_runs_the_demo_script_tiny(tmp_path, dtmf_manifest, c
     overrides = [o for o in example_overrides(tmp_path, dtmf_manifest) if not o.startswith("exp_manager.exp_dir")]
     overrides += ["trainer.max_steps=4", "trainer.max_epochs=1", "+trainer.val_check_interval=4",
                   "trainer.check_val_every_n_epoch=null", "model.decoding.strategy=greedy"]  # fmt: skip
-    _main("asr_demo")(["--precisions", "32", "--warmup", "1", "--", *overrides])
+    _main("asr_demo")(["--precisions", "32", "--warmup", "1", "--no-record", "--", *overrides])
     table = capsys.readouterr().out.strip().splitlines()
     assert table[-3].startswith("| precision | train audio-s/s") and table[-1].startswith("| 32 | ")
     assert "nan" not in table[-1]
+
+
+def test_asr_demo_appends_its_figures_as_records(monkeypatch):
+    main = _main("asr_demo")
+    calls = []
+    monkeypatch.setitem(main.__globals__, "append", lambda *args, **kwargs: calls.append(args))
+    rows = [{"precision": "32", "audio_s_per_s": 95.04, "wer": 0.1234, "wall": 1000.4},
+            {"precision": "bf16-mixed", "audio_s_per_s": 120.0, "wer": float("nan"), "wall": 990.0}]  # fmt: skip
+    main.__globals__["record"](rows, "python benchmarks/asr_demo.py")
+    assert [c[:3] for c in calls] == [
+        ("demo.ctc.train_speed.fp32", 95.0, "audio-s/s"),
+        ("demo.ctc.val_wer.fp32", 12.34, "%"),
+        ("demo.ctc.benchmark_wall_time.fp32", 1000, "s"),
+        ("demo.ctc.train_speed.bf16_mixed", 120.0, "audio-s/s"),  # no WER over nothing
+        ("demo.ctc.benchmark_wall_time.bf16_mixed", 990, "s"),
+    ]
+    assert {c[3] for c in calls} == {"python benchmarks/asr_demo.py"}
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,5 @@
 import importlib.util
+import json
 import logging
 import math
 from pathlib import Path
@@ -377,7 +378,11 @@ def test_the_example_picks_the_transducer_for_its_configs_and_trains(tmp_path, d
     conf = EXAMPLES / "conf"
     chosen = {}
     for name in ("asr_train", "asr_train_tdt", "asr_train_rnnt", "asr_train_hybrid"):
-        cfg = compose_config(conf, name, [], lambda c, name=name: chosen.setdefault(name, asr_model_schema(c)))
+
+        def pick(c, name=name):
+            return train_job_schema(chosen.setdefault(name, asr_model_schema(c)))
+
+        cfg = compose_config(conf, name, [], pick)
         assert cfg.model.get("loss") is None if name == "asr_train" else cfg.model.loss in ("tdt", "rnnt")
     assert chosen == {
         "asr_train": ConformerCTCConfig,
@@ -418,6 +423,9 @@ def test_the_example_picks_the_transducer_for_its_configs_and_trains(tmp_path, d
     assert model.cfg.hybrid and model.trainer.global_step == 4
     (archive,) = (tmp_path / "exp" / "asr_hybrid_demo").glob("*/asr_hybrid_demo.stm")
     assert type(SpeechModel.restore_from(archive)) is ConformerTransducerModel
+    # The closing metrics beside the report, for tools: make demo records its WERs from them (benchmarks/results.py).
+    closing = json.loads((archive.parent / "final_metrics.json").read_text())
+    assert {"val_wer", "val_wer_greedy"} <= closing.keys(), closing
 
 
 def test_finetune_keeps_the_encoder_and_reinitialises_the_decoder_for_a_new_vocabulary(tmp_path, caplog):

@@ -1,0 +1,160 @@
+"""Host synchronisations, collectives and dispatched operators per training step of each model family, counted on
+the CPU with real processes (gloo) exactly as they would be made on GPUs (:mod:`speechtrain.testing.step_budget`).
+
+    python benchmarks/step_budget.py                          # every family at DP=2, CTC at TP=2 too
+    python benchmarks/step_budget.py --family ctc --tp 2      # one family and layout
+    python benchmarks/step_budget.py --record                 # and append the figures to results/step_budget.jsonl
+
+Each run is a tiny model of the family on the generated DTMF corpus through the bridge (Megatron's DDP and
+optimizer), with a wall-clock limit as every recipe sets one, for ``--steps`` optimizer steps; the first ``--skip``
+steps are left out. The ASR families use the recipes themselves (``asr_train``, ``asr_train_hybrid``) at
+``model.size=debug``. Prints per family: syncs per step and where they are made, collectives per step (and whether
+every rank ran the same ones in every step), and operators per step.
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+FAMILIES = ("ctc", "hybrid", "tts", "salm")
+LAYOUTS = [("ctc", 1), ("hybrid", 1), ("tts", 1), ("salm", 1), ("ctc", 2)]
+
+
+def _asr_job(recipe: str, folder: Path, manifest: Path, steps: int, extra: list[str]) -> object:
+    from speechtrain.common.tokenizers import CharTokenizer
+    from speechtrain.core.hydra_runner import compose_config
+
+    sys.path.insert(0, str(ROOT / "examples"))
+    import asr_train
+
+    tokenizer = folder / "digits.json"
+    CharTokenizer([" ", *"0123456789"]).save(tokenizer)
+    overrides = [
+        "model.size=debug", f"model.tokenizer.path={tokenizer}", f"model.train_ds.manifest_filepath={manifest}",
+        "model.train_ds.input_cfg=null", f"model.validation_ds.manifest_filepath={manifest}",
+        "model.train_ds.batch_size=8", "model.train_ds.batch_duration=null", "model.train_ds.num_workers=0",
+        "model.decoding.strategy=greedy", "trainer.max_time=00:01:00:00", f"trainer.max_steps={steps}",
+        "trainer.precision=32", "trainer.num_sanity_val_steps=0",
+        "trainer.limit_val_batches=0", f"exp_manager.exp_dir={folder / 'exp'}",
+        "exp_manager.create_checkpoint_callback=false", "model.preprocessor.n_mels=16", *extra,
+    ]  # fmt: skip
+    return asr_train.main, compose_config(
+        asr_train.main.config_dir, recipe, overrides, asr_train.main.schema, asr_train.main.translate
+    )
+
+
+def run_one(family: str, tp: int, devices: int, steps: int, out: Path) -> None:
+    """Train ``family`` for ``steps`` steps on ``devices`` processes (this process is rank 0; Lightning starts the
+    others by running this command again) and write each rank's counts to ``out/rank<r>.json``."""
+    import lightning.pytorch as pl
+
+    from speechtrain.corpora.dtmf import make_dtmf_corpus
+    from speechtrain.lightning import BaseCallback, CallbackGroup, MegatronStrategy, Trainer
+    from speechtrain.testing.step_budget import StepBudget
+
+    class Recorder(BaseCallback, StepBudget):
+        def __init__(self) -> None:
+            BaseCallback.__init__(self)
+            StepBudget.__init__(self)
+
+        def on_train_end(self, trainer, pl_module):
+            StepBudget.on_train_end(self, trainer, pl_module)
+            self.write(out / f"rank{trainer.global_rank}.json", trainer.global_rank)
+
+    pl.seed_everything(0, verbose=False)
+    folder = out / "work"
+    folder.mkdir(parents=True, exist_ok=True)
+    manifest = make_dtmf_corpus(folder / "dtmf", 40, seed=7) if not (folder / "dtmf").exists() else (
+        folder / "dtmf" / "manifest.json")  # fmt: skip
+    recorder = Recorder()
+    strategy = {"tensor_model_parallel_size": tp}
+    if family in ("ctc", "hybrid"):
+        recipe = "asr_train" if family == "ctc" else "asr_train_hybrid"
+        layout = [f"trainer.devices={devices}", f"trainer.strategy.tensor_model_parallel_size={tp}"]
+        main, cfg = _asr_job(recipe, folder, manifest, steps, layout)
+        CallbackGroup.get_instance().register(recorder)
+        main(cfg)
+        return
+    sys.path.insert(0, str(ROOT / "tests"))
+    from test_device_discipline import family_model
+
+    model = family_model(family, folder, manifest)
+    trainer = Trainer(accelerator="cpu", devices=devices, strategy=MegatronStrategy(**strategy), precision="32",
+                      max_steps=steps, max_time="00:01:00:00", limit_val_batches=0, num_sanity_val_steps=0,
+                      use_distributed_sampler=False, logger=False, enable_checkpointing=False,
+                      enable_model_summary=False, callbacks=[recorder])  # fmt: skip
+    trainer.fit(model)
+
+
+def measure(family: str, tp: int, devices: int, steps: int, skip: int) -> dict:
+    """Run :func:`run_one` in a fresh process group and summarise its ranks' counts."""
+    from speechtrain.testing.step_budget import summarise
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp)
+        env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "OMP_NUM_THREADS": "1"}
+        for key in ("MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "RANK"):
+            env.pop(key, None)
+        command = [sys.executable, __file__, "--run", family, "--tp", str(tp), "--devices", str(devices),
+                   "--steps", str(steps), "--out", str(out)]  # fmt: skip
+        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
+        if done.returncode != 0:
+            raise RuntimeError(f"{family} (TP={tp}) failed:\n{done.stdout[-3000:]}\n{done.stderr[-5000:]}")
+        ranks = [json.loads(p.read_text())["steps"] for p in sorted(out.glob("rank*.json"))]
+    if len(ranks) != devices:
+        raise RuntimeError(f"{family}: {len(ranks)} of {devices} ranks wrote their counts")
+    return {"family": family, "tp": tp, "dp": devices // tp, **summarise(ranks, skip)}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--family", choices=FAMILIES, help="one family (default: all, and CTC at TP=2)")
+    parser.add_argument("--tp", type=int, default=1, help="tensor-parallel size (with --family)")
+    parser.add_argument("--devices", type=int, default=None, help="processes (default: 2 x TP... DP=2)")
+    parser.add_argument("--steps", type=int, default=8, help="optimizer steps to run")
+    parser.add_argument("--skip", type=int, default=2, help="first steps left out")
+    parser.add_argument("--json", help="write the summaries to this file")
+    parser.add_argument("--record", action="store_true", help="append the figures to results/step_budget.jsonl")
+    parser.add_argument("--run", choices=FAMILIES, help=argparse.SUPPRESS)  # one rank's job (internal)
+    parser.add_argument("--out", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.run:
+        run_one(args.run, args.tp, args.devices, args.steps, Path(args.out))
+        return
+    layouts = [(args.family, args.tp)] if args.family else LAYOUTS
+    results = []
+    for family, tp in layouts:
+        devices = args.devices or 2 * tp if family == args.family else 2 * tp
+        result = measure(family, tp, devices, args.steps, args.skip)
+        results.append(result)
+        same = "yes" if result["same_collectives_everywhere"] else "NO"
+        print(f"{family:7s} TP={tp} DP={result['dp']}: {result['syncs_per_step']} host syncs/step "
+              f"(max {result['max_syncs_per_step']}), {result['collectives_per_step']} collectives/step "
+              f"({result['collective_bytes_per_step']:,} bytes; same on every rank and step: {same}), "
+              f"{result['max_ops_per_step']:,} operators/step", flush=True)  # fmt: skip
+        for place, count in result["sync_places"].items():
+            print(f"    {count:g}/step  {place}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1) + "\n")
+    if args.record:
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from results import append
+
+        for r in results:
+            layout = f"tp{r['tp']}_dp{r['dp']}"
+            command = f"python benchmarks/step_budget.py --family {r['family']} --tp {r['tp']}"
+            append(f"step_budget.{r['family']}.{layout}.host_syncs", r["max_syncs_per_step"], "per step", command,
+                   file="step_budget")  # fmt: skip
+            append(f"step_budget.{r['family']}.{layout}.collectives", r["collectives_per_step"], "per step", command,
+                   file="step_budget")  # fmt: skip
+            append(f"step_budget.{r['family']}.{layout}.operators", r["max_ops_per_step"], "per step", command,
+                   file="step_budget")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
