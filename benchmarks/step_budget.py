@@ -119,6 +119,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--steps", type=int, default=8, help="optimizer steps to run")
     parser.add_argument("--skip", type=int, default=2, help="first steps left out")
     parser.add_argument("--json", help="write the summaries to this file")
+    parser.add_argument("--verbose", action="store_true", help="print each distinct sequence of collectives")
     parser.add_argument("--record", action="store_true", help="append the figures to results/step_budget.jsonl")
     parser.add_argument("--run", choices=FAMILIES, help=argparse.SUPPRESS)  # one rank's job (internal)
     parser.add_argument("--out", help=argparse.SUPPRESS)
@@ -132,11 +133,15 @@ def main(argv: list[str] | None = None) -> None:
         devices = args.devices or 2 * tp if family == args.family else 2 * tp
         result = measure(family, tp, devices, args.steps, args.skip)
         results.append(result)
-        same = "yes" if result["same_collectives_everywhere"] else "NO"
+        same = "yes" if result["same_collectives_on_every_rank"] else "NO"
         print(f"{family:7s} TP={tp} DP={result['dp']}: {result['syncs_per_step']} host syncs/step "
-              f"(max {result['max_syncs_per_step']}), {result['collectives_per_step']} collectives/step "
-              f"({result['collective_bytes_per_step']:,} bytes; same on every rank and step: {same}), "
+              f"(max {result['max_syncs_per_step']}), {result['collectives_per_step']} collectives/step at most "
+              f"({result['collective_bytes_per_step']:,} bytes; the same on every rank: {same}; "
+              f"{len(result['collective_sequences'])} distinct sequences), "
               f"{result['max_ops_per_step']:,} operators/step", flush=True)  # fmt: skip
+        if args.verbose:
+            for sequence in result["collective_sequences"]:
+                print("    collectives:", " | ".join(sequence))
         for place, count in result["sync_places"].items():
             print(f"    {count:g}/step  {place}")
     if args.json:

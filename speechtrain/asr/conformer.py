@@ -108,8 +108,9 @@ def frame_mask(lengths: torch.Tensor, frames: int) -> torch.Tensor:
 
 
 def _conv_out_length(lengths: torch.Tensor) -> torch.Tensor:
-    """Output length of a kernel-3, stride-2, padding-1 convolution."""
-    return torch.div(lengths - 1, 2, rounding_mode="floor") + 1
+    """Output length of a kernel-3, stride-2, padding-1 convolution (a tensor's or a NumPy array's: host-side
+    lengths are computed the same way)."""
+    return (lengths - 1) // 2 + 1
 
 
 def subsampled_lengths(lengths: torch.Tensor, factor: int) -> torch.Tensor:
@@ -153,6 +154,12 @@ class Subsampling(torch.nn.Module):
         for _ in range(steps):
             bands = (bands - 1) // 2 + 1
         self.out = torch.nn.Linear(channels * bands, d_model)
+
+    def output_lengths(self, lengths: torch.Tensor) -> torch.Tensor:
+        """The frames :meth:`forward` leaves of ``lengths`` feature frames (any device: the arithmetic alone)."""
+        for _ in self.convs:
+            lengths = _conv_out_length(lengths)
+        return lengths
 
     def forward(self, feats: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         # Channels-last (B, F, bands, C) memory is what the oneDNN and cuDNN kernels of these convolutions run
@@ -426,6 +433,10 @@ class ConformerEncoder(torch.nn.Module):
         self.xscale = math.sqrt(cfg.d_model) if cfg.xscaling else 1.0
         self.activation_checkpointing = cfg.activation_checkpointing
         self._run_layer = torch.compile(_run_layer, dynamic=True) if cfg.compile else _run_layer
+
+    def output_lengths(self, lengths: torch.Tensor) -> torch.Tensor:
+        """The output frames of utterances of ``lengths`` feature frames (the temporal U-Net keeps them)."""
+        return self.subsampling.output_lengths(lengths)
 
     def forward(self, feats: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         x, lengths, _ = self.forward_with_layers(feats, lengths, ())

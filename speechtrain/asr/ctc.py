@@ -36,7 +36,7 @@ from speechtrain.common.tokenizers import CharTokenizer, load_tokenizer
 from speechtrain.core.model import SpeechModel
 from speechtrain.core.optim import OptimConfig
 from speechtrain.corpora import builtin
-from speechtrain.data.audio_text import SkipTally
+from speechtrain.data.audio_text import PARTLY_READ_REASONS, SkipTally
 from speechtrain.data.cut_datasets import AsrCutDataset
 from speechtrain.data.lhotse_loader import LoaderConfig, get_lhotse_dataloader_from_config, loader_config
 from speechtrain.data.usable import check_audio_exists
@@ -185,15 +185,31 @@ class CTCModel(SpeechModel):
 
     def ctc_losses(self, log_probs: torch.Tensor, lengths: torch.Tensor, batch: dict[str, Any]) -> torch.Tensor:
         """Per-utterance CTC losses (B,), fp32 (an utterance too short for its transcript gives 0, not inf)."""
+        input_lengths, target_lengths = self.host_lengths(batch, lengths)
         return F.ctc_loss(
             log_probs.transpose(0, 1).float(),  # (B, F', V+1) -> (F', B, V+1)
             batch["tokens"],
-            lengths,
-            batch["token_lens"],
+            input_lengths,
+            target_lengths,
             blank=self.blank,
             reduction="none",
             zero_infinity=True,
         )
+
+    def every_parameter_gets_a_gradient(self) -> bool:
+        """Every utterance reaches every layer and the CTC head (and the intermediate taps when set)."""
+        return True
+
+    def host_lengths(self, batch: dict[str, Any], lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The output frames and target tokens of the batch's utterances as CPU int64 tensors, from the lengths the
+        collator also gives as Python ints: CUDA's CTC loss reads its lengths on the host, and device tensors would
+        cost a synchronisation per call (three per step with two intermediate-CTC taps). Without them (a batch made
+        by hand), ``lengths`` and ``token_lens`` as they are."""
+        samples, tokens = batch.get("audio_samples"), batch.get("token_counts")
+        if samples is None or tokens is None or not hasattr(self.encoder, "output_lengths"):
+            return lengths, batch["token_lens"]
+        frames = self.encoder.output_lengths(self.preprocessor.frame_lengths(np.asarray(samples, dtype=np.int64)))
+        return torch.from_numpy(frames), torch.tensor(tokens)
 
     def greedy_decode(self, log_probs: torch.Tensor, lengths: torch.Tensor) -> list[str]:
         """Best path: argmax per frame, merge repeats, drop blanks."""
@@ -262,7 +278,7 @@ class CTCModel(SpeechModel):
 
     def validation_step(self, batch: dict[str, Any] | None, batch_idx: int, dataloader_idx: int = 0) -> None:
         self._val_skips.setdefault(dataloader_idx, SkipTally()).add_batch(batch)
-        skipped = sum((batch or {}).get("skipped", {}).values())
+        skipped = sum(n for reason, n in (batch or {}).get("skipped", {}).items() if reason not in PARTLY_READ_REASONS)
         if is_empty_batch(batch):
             self._add_val_sums(dataloader_idx, torch.zeros(VAL_SUMS, dtype=torch.float64, device=self.device), skipped)
             return

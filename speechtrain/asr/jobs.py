@@ -21,6 +21,7 @@ from speechtrain.asr.ctc import ConformerCTCConfig, ConformerCTCModel, CTCModel,
 from speechtrain.asr.ngram import NgramLM
 from speechtrain.asr.report import decoding_report, greedy_breakdowns
 from speechtrain.asr.transducer import ConformerTransducerConfig, ConformerTransducerModel
+from speechtrain.common.fingerprint import file_fingerprint
 from speechtrain.common.metrics import format_rate
 from speechtrain.common.tokenizers import train_sentencepiece
 from speechtrain.core.exp_manager import print_final
@@ -43,7 +44,8 @@ def _flat(value: Any) -> list[str]:
 
 
 def _training_texts(train_data: Any, what: str, *params: Any) -> tuple[list[tuple[str, Path]], str]:
-    """The transcript files of the training data and a cache key of (their paths and sizes, ``params``).
+    """The transcript files of the training data and a cache key of (their paths and contents, ``params``): see
+    :func:`~speechtrain.common.fingerprint.file_fingerprint`.
 
     ``train_data``: a manifest path (or list of them, ``builtin:`` names included), or a dataset config whose
     ``manifest_filepath`` (NeMo manifests; brace patterns for tarred data) and ``cuts_path`` (lhotse cuts) are read,
@@ -76,7 +78,7 @@ def _training_texts(train_data: Any, what: str, *params: Any) -> tuple[list[tupl
         if not path.is_file():
             key = "manifest_filepath" if kind == "nemo" else "cuts_path"
             raise FileNotFoundError(f"model.train_ds.{key}={path}: no such file (needed to fit {what}).")
-    key = hashlib.sha256(repr([(str(p), p.stat().st_size, *params) for _, p in files]).encode()).hexdigest()[:12]
+    key = hashlib.sha256(repr([(str(p), file_fingerprint(p), *params) for _, p in files]).encode()).hexdigest()[:12]
     return files, key
 
 

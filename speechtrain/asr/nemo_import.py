@@ -22,20 +22,20 @@ Everything else is refused with the file and the setting named: other encoders, 
 local attention, causal convolutions, stateless or layer-normalised prediction networks, multi-blank losses,
 WordPiece tokenizers, front-end settings other than NeMo's log-mel defaults.
 
-Safety: the weights are read with ``torch.load(weights_only=True)`` (plain tensors only; nothing in the file is
-executed); tar members with absolute paths, ``..`` or links are refused, and so are truncated files.
+Safety: the weights are read with ``torch.load(weights_only=True)`` after their zip CRCs are checked
+(:func:`speechtrain.lightning.checkpoint.load_verified`: plain tensors only; nothing in the file is executed); tar
+members with absolute paths, ``..`` or links are refused, and so are truncated files and archives over the size
+limits of :func:`speechtrain.core.archive.read_tar` (a decompression bomb).
 
 Two exact re-writings keep the mapping honest: NeMo's key-projection bias is dropped (it adds the same amount to
 every score of a query, which softmax ignores; the export writes zeros), and a NeMo encoder with ``use_bias: false``
 gets zero biases (they train from zero when fine-tuned).
 """
 
-import io
 import logging
 import math
 import tarfile
 import tempfile
-import zlib
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -44,14 +44,14 @@ import torch
 import yaml
 
 from speechtrain.asr.nemo_config import JOINT_ACTIVATIONS, RNNT_LOSSES
-from speechtrain.core.archive import MODEL_FILE_READERS, Archive, ArchiveError
+from speechtrain.core.archive import MODEL_FILE_READERS, Archive, ArchiveError, read_tar
+from speechtrain.lightning.checkpoint import CorruptCheckpointError, load_verified
 
 logger = logging.getLogger(__name__)
 
 NEMO_CONFIG = "model_config.yaml"
 NEMO_WEIGHTS = "model_weights.ckpt"
 ARTIFACT_PREFIX = "nemo:"
-MAX_MEMBER_BYTES = 64 * 2**30
 TARGET = "speechtrain.asr.ctc.ConformerCTCModel"
 TRANSDUCER_TARGET = "speechtrain.asr.transducer.ConformerTransducerModel"
 
@@ -87,28 +87,18 @@ def _member_name(path: Path, info: tarfile.TarInfo) -> str | None:
 
 
 def read_members(path: str | Path) -> dict[str, bytes]:
-    """Every regular file of a ``.nemo`` tar (plain or gzip), by name without ``./``.
+    """Every regular file of a ``.nemo`` tar (plain or gzip), by name without ``./``, read in bounded memory
+    (:func:`speechtrain.core.archive.read_tar`).
 
     Raises:
         FileNotFoundError: no such file.
-        NemoImportError: not a tar, truncated, or an unsafe member (absolute path, ``..``, link, device).
+        NemoImportError: not a tar, truncated, an unsafe member (absolute path, ``..``, link, device), or more
+            bytes than the archive limits allow.
     """
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"No .nemo file at {path}.")
-    members: dict[str, bytes] = {}
-    try:
-        with tarfile.open(path, mode="r:*") as tar:
-            for info in tar:
-                name = _member_name(path, info)
-                if name is None:
-                    continue
-                if info.size > MAX_MEMBER_BYTES:
-                    raise NemoImportError(f"{path}: member {name!r} is implausibly large ({info.size} bytes).")
-                handle = tar.extractfile(info)
-                members[name] = handle.read() if handle is not None else b""
-    except (tarfile.TarError, EOFError, zlib.error, OSError) as error:
-        raise NemoImportError(f"{path} is not a readable .nemo archive (truncated or corrupt tar?): {error}") from None
+    members = read_tar(path, _member_name, NemoImportError)
     for required in (NEMO_CONFIG, NEMO_WEIGHTS):
         if required not in members:
             raise NemoImportError(f"{path} is not a complete .nemo archive: it has no {required} (truncated?).")
@@ -119,7 +109,9 @@ def load_weights(path: Path, data: bytes) -> dict[str, torch.Tensor]:
     """The state dict in ``model_weights.ckpt``, read with ``weights_only=True``: only tensors and plain containers
     are accepted, so nothing in the file can run code."""
     try:
-        obj = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+        obj = load_verified(data, name=f"{path}:{NEMO_WEIGHTS}")
+    except CorruptCheckpointError as error:
+        raise NemoImportError(str(error)) from None
     except Exception as error:  # torch raises UnpicklingError, RuntimeError, ... for anything else
         # torch's message opens with advice to retry with weights_only=False; keep only what it found.
         lines = [line.strip() for line in str(error).splitlines() if line.strip()]

@@ -310,6 +310,10 @@ class ConformerTransducerModel(ConformerCTCModel):
         model, :meth:`ctc_log_probs`); with ``interctc``, ``forward_step`` adds the taps' CTC log-probabilities."""
         return x
 
+    def every_parameter_gets_a_gradient(self) -> bool:
+        """Every parameter but a hybrid's CTC head when its loss weight is 0."""
+        return not self.cfg.hybrid or self.cfg.ctc_loss_weight > 0
+
     def joint_lengths(self, lengths: torch.Tensor) -> torch.Tensor:
         """(B,) transducer frames of utterances of ``lengths`` encoder frames (see :meth:`joint_frames`)."""
         k = self.cfg.joint.frame_stack

@@ -40,8 +40,9 @@ from speechtrain.core.optim import (
     build_scheduler,
 )
 from speechtrain.lightning import CallbackGroup, Trainer, hook_class_init_with_callbacks, settings
-from speechtrain.lightning.checkpoint import gather_full_state_dict, shard_full_state_dict
+from speechtrain.lightning.checkpoint import gather_full_state_dict, load_checkpoint, shard_full_state_dict
 from speechtrain.lightning.megatron_compat import rng_tracker_states, set_rng_tracker_states
+from speechtrain.lightning.progress import logs_this_step
 
 logger = logging.getLogger(__name__)
 
@@ -94,7 +95,7 @@ def _load_source_state_dict(source: "str | Path | SpeechModel | dict[str, torch.
     if path.suffix == ".ckpt":
         if not path.is_file():
             raise FileNotFoundError(f"No checkpoint at {path}.")
-        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+        checkpoint = load_checkpoint(path)  # checked against its CRCs; tensors and plain data only
         if "state_dict" not in checkpoint:
             raise ValueError(f"{path} is not a Lightning checkpoint: it has no 'state_dict'.")
         return checkpoint["state_dict"]
@@ -562,17 +563,25 @@ class SpeechModel(pl.LightningModule):
     def training_step(self, batch: dict[str, Any] | None, batch_idx: int) -> torch.Tensor | None:
         """One step on this rank's batch: :meth:`loss_step` of :meth:`forward_step` (a family's two halves, which
         the Megatron bridge runs itself under pipeline parallelism), as the mean over the batch's loss units, logged
-        as ``train_loss`` with :meth:`log_step_extras`. An empty batch (a rank with nothing left) returns None."""
+        as ``train_loss`` with :meth:`log_step_extras` on logging steps. An empty batch (a rank with nothing left)
+        returns None."""
         if is_empty_batch(batch):
             return None
         loss_sum, count = self.loss_step(batch, self.forward_step(batch))
         loss = loss_sum / count.clamp(min=1)
-        self.log("train_loss", loss, prog_bar=True, batch_size=len(batch["ids"]))
-        self.log_step_extras(batch)
+        if logs_this_step(self._trainer):
+            self.log("train_loss", loss, prog_bar=True, batch_size=len(batch["ids"]))
+            self.log_step_extras(batch)
         return loss
 
     def log_step_extras(self, batch: dict[str, Any]) -> None:
         """A family's further training-step metrics (none here)."""
+
+    def every_parameter_gets_a_gradient(self) -> bool:
+        """Whether every trainable parameter gets a gradient in every training step, whatever the data: then the
+        bridge reduces gradient buckets while backward runs (``overlap_grad_reduce``). False unless a family says
+        so."""
+        return False
 
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
         """Shows training speed (audio-seconds per second, all data-parallel ranks) and the time left in the bar."""
@@ -590,17 +599,22 @@ class SpeechModel(pl.LightningModule):
 
     def log_training_speed(self, batch: Any) -> bool:
         """Logs training speed (audio-seconds per second over all data-parallel ranks, smoothed; from the batch's
-        ``audio_lens`` at ``cfg.sample_rate``) and the minutes left to the progress bar. Call at the end of each
-        training batch; returns False when nothing was logged (the first batch, or an empty one)."""
+        ``audio_seconds``, which the collators add) and the minutes left to the progress bar, on logging steps. Call
+        at the end of each training batch; returns False when nothing was logged (the first batch, an empty one, or
+        not a logging step)."""
         from speechtrain.lightning import parallel_state
 
         now = time.perf_counter()
         last, self._last_step_end = getattr(self, "_last_step_end", None), now
         if last is None or is_empty_batch(batch):
             return False
-        seconds = float(batch["audio_lens"].sum()) / self.cfg.sample_rate if "audio_lens" in batch else 0.0
+        # The batch's audio in seconds from the collator (host-side metadata): reading it from the device's length
+        # tensor would wait for the step.
+        seconds = float(batch.get("audio_seconds", 0.0))
         speed = seconds * parallel_state.data_parallel_world_size() / max(now - last, 1e-9)
         self._speed = speed if getattr(self, "_speed", None) is None else 0.9 * self._speed + 0.1 * speed
+        if not logs_this_step(self._trainer):
+            return False
         self.log("audio_s_per_s", self._speed, prog_bar=True, batch_size=1)
         eta = self._minutes_left(now - last)
         if eta is not None:

@@ -4,8 +4,10 @@ Every dataset reads audio through :class:`~speechtrain.data.audio_text.Utterance
 in-memory cuts through lhotse; resampled to ``sample_rate``), applies the training augmentations of its loader
 config, and never fails on a bad utterance: it is dropped from the batch and reported in ``batch["skipped"]``
 (reason -> count) and ``batch["skip_examples"]`` (reason -> first path), so that the training process can add up
-what its loader workers skipped (:class:`~speechtrain.data.audio_text.SkipTally`). A batch whose utterances were all
-bad has ``ids == []`` (see :func:`speechtrain.common.batch.is_empty_batch`).
+what its loader workers skipped (:class:`~speechtrain.data.audio_text.SkipTally`); so are the placeholders that
+the readers of lazy manifests and NeMo tarred shards put in place of entries they could not use (a bad manifest
+line, a missing, oversized or corrupt tar member), and utterances read only in part (``longer_than_manifest``).
+A batch whose utterances were all bad has ``ids == []`` (see :func:`speechtrain.common.batch.is_empty_batch`).
 
 The datasets are given the sampler's :class:`~speechtrain.data.lhotse_loader.CutBatch` (cuts and epoch): the epoch
 seeds the augmentations, so a resumed run sees the same augmented audio as the uninterrupted one.
@@ -17,7 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from speechtrain.data.audio_text import TextEncoder, UtteranceReader
+from speechtrain.data.audio_text import TextEncoder, UtteranceReader, unusable_reason
 from speechtrain.data.augment import AugmentationConfig, Augmenter
 from speechtrain.data.lhotse_loader import CutBatch, LoaderConfig
 
@@ -40,6 +42,8 @@ class CutDataset(torch.utils.data.Dataset):
         resample: False skips audio stored at another rate instead (``wrong_sample_rate``).
         augmentation: Waveform augmentations for training (see :mod:`speechtrain.data.augment`).
         seed: Seeds the augmentations (with the epoch and the cut ID).
+        duration_tolerance: Seconds by which audio read whole may exceed its manifest duration (longer audio is
+            read up to that duration and counted as ``longer_than_manifest``).
     """
 
     load_audio = True
@@ -52,17 +56,19 @@ class CutDataset(torch.utils.data.Dataset):
         resample: bool = True,
         augmentation: AugmentationConfig | None = None,
         seed: int = 0,
+        duration_tolerance: float = 1.0,
     ) -> None:
         self.tokenizer = tokenizer
-        self.reader = UtteranceReader(tokenizer, sample_rate, resample=resample)
+        self.reader = UtteranceReader(tokenizer, sample_rate, resample=resample, duration_tolerance=duration_tolerance)
         enabled = augmentation is not None and augmentation.enabled()
         self.augmenter = Augmenter(augmentation, sample_rate, seed) if enabled else None
 
     @classmethod
     def from_config(cls, tokenizer: TextEncoder, cfg: LoaderConfig, **kwargs: Any) -> "CutDataset":
-        """The dataset for a loader config: its ``sample_rate``, ``resample``, ``augmentation`` and ``seed``."""
+        """The dataset for a loader config: its ``sample_rate``, ``resample``, ``augmentation``, ``seed`` and
+        ``duration_tolerance``."""
         return cls(tokenizer, cfg.sample_rate, resample=cfg.resample, augmentation=cfg.augmentation, seed=cfg.seed,
-                   **kwargs)  # fmt: skip
+                   duration_tolerance=cfg.duration_tolerance, **kwargs)  # fmt: skip
 
     def read(self, cut: Any, epoch: int) -> dict[str, Any] | None:
         """One checked (and augmented) utterance, or None if it is bad."""
@@ -77,19 +83,25 @@ class CutDataset(torch.utils.data.Dataset):
 
     def __getitem__(self, batch: Any) -> dict[str, Any]:
         cuts, epoch = (batch.cuts, batch.epoch) if isinstance(batch, CutBatch) else (batch, 0)
-        skipped: Counter[str] = Counter()
-        examples: dict[str, str] = {}
+        self.reader.events.clear()
         items, kept = [], []
         for cut in cuts:
-            item = self.read(cut, epoch)
-            if item is None:
-                reason, path = self.reader.last_skip
-                skipped[reason] += 1
-                examples.setdefault(reason, path)
+            unusable = unusable_reason(cut)
+            if unusable is not None:  # a placeholder for a bad manifest line or tar member
+                self.reader.skip(*unusable, "the reader could not use this entry")
                 continue
-            items.append(item)
-            kept.append(cut)
+            item = self.read(cut, epoch)
+            if item is not None:
+                items.append(item)
+                kept.append(cut)
+        skipped: Counter[str] = Counter(reason for reason, _ in self.reader.events)
+        examples: dict[str, str] = {}
+        for reason, path in self.reader.events:
+            examples.setdefault(reason, path)
         out = self.collate(items, kept) if items else {"ids": []}
+        if isinstance(out.get("audio_lens"), torch.Tensor):  # host-side: the step reads these without waiting
+            out["audio_seconds"] = float(out["audio_lens"].sum()) / self.reader.sample_rate
+            out.setdefault("audio_samples", out["audio_lens"].tolist())
         out["skipped"] = dict(skipped)
         out["skip_examples"] = examples
         return out
@@ -97,13 +109,16 @@ class CutDataset(torch.utils.data.Dataset):
 
 class AsrCutDataset(CutDataset):
     """ASR batches: ``ids`` (B str), ``audio`` (B, T) zero-padded float32, ``audio_lens`` (B,), ``tokens`` (B, U)
-    padded with 0, ``token_lens`` (B,)."""
+    padded with 0, ``token_lens`` (B,), and the lengths as lists of ints (``audio_samples``, ``token_counts``)."""
 
     def collate(self, items: list[dict[str, Any]], cuts: list[Any]) -> dict[str, Any]:
         audio, audio_lens = pad_1d([item["audio"] for item in items])
         tokens, token_lens = pad_1d([item["tokens"] for item in items])
+        # The lengths also as Python ints: a step that needs them on the host (CTC's lengths) reads them without
+        # waiting for the device.
         return {"ids": [item["id"] for item in items], "audio": audio, "audio_lens": audio_lens, "tokens": tokens,
-                "token_lens": token_lens}  # fmt: skip
+                "token_lens": token_lens, "audio_samples": audio_lens.tolist(),
+                "token_counts": token_lens.tolist()}  # fmt: skip
 
 
 class TtsCutDataset(CutDataset):
@@ -252,4 +267,5 @@ class SalmCutDataset(CutDataset):
         positions = torch.tensor([item["audio_position"] for item in items], dtype=torch.long)
         return {"ids": [item["id"] for item in items], "audio": audio, "audio_lens": audio_lens,
                 "input_ids": input_ids, "input_lens": input_lens, "loss_mask": loss_mask,
-                "audio_positions": positions}  # fmt: skip
+                "audio_positions": positions, "input_counts": input_lens.tolist(),
+                "audio_rows": list(range(len(items)))}  # fmt: skip

@@ -5,15 +5,16 @@
   the ``last`` checkpoint is written and training stops; :func:`exit_if_preempted` then ends the process with
   :data:`PREEMPTED_EXIT_CODE` on global rank 0 (75, ``EX_TEMPFAIL``: "try again"), which a job script turns into a
   requeue. Started again with ``exp_manager.resume_if_exists=true``, the run continues from that checkpoint. The
-  ranks agree through one tiny all-reduce (a host sync) every ``check_interval`` steps (default 10), not every
-  step; a single process looks at its own flag after every step.
+  ranks agree through the trainer's :class:`~speechtrain.lightning.limits.RankAgreement` (one tiny all-reduce, with
+  the wall-clock limit's flag, every ``check_interval`` steps, default 10), not every step; a single process looks
+  at its own flag after every step.
 * :class:`NonFiniteGuard` (owned by ``MegatronStrategy``): a step whose loss or gradient norm is not finite is
   skipped on every rank (no optimizer update, batch-norm statistics restored), counted and logged with the cut
   IDs of the batch; after ``max_consecutive`` such steps in a row the last good state is checkpointed and
-  :class:`NonFiniteLossError` stops the run. The decision costs no collective and no extra pass over the
-  gradients: it reads the global gradient norm that Megatron's optimizer computes anyway (reduced over the
-  model-parallel ranks) and the step's loss (reduced over the data-parallel ranks), which are the same numbers on
-  every rank. Under fp16 the loss scaler skips overflowing steps first.
+  :class:`NonFiniteLossError` stops the run. The decision costs no collective, no extra pass over the gradients
+  and no host sync of its own: it reads the global gradient norm that Megatron's optimizer computes anyway (reduced
+  over the model-parallel ranks, the same number on every rank; a non-finite loss makes it non-finite). Under fp16
+  the loss scaler skips overflowing steps first.
 """
 
 import logging
@@ -26,21 +27,12 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 
+from speechtrain.lightning.limits import rank_agreement
+
 logger = logging.getLogger(__name__)
 
 PREEMPTED_EXIT_CODE = 75
 PREEMPTION_SIGNALS = ("SIGTERM", "SIGUSR1")
-
-
-def _any_rank(flag: bool, group: Any = None) -> bool:
-    """True when ``flag`` is set on any rank of ``group`` (the world by default): a collective call."""
-    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
-        return flag
-    nccl = torch.distributed.get_backend(group) == "nccl"
-    device = torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")
-    value = torch.tensor([1.0 if flag else 0.0], device=device)
-    torch.distributed.all_reduce(value, op=torch.distributed.ReduceOp.MAX, group=group)
-    return bool(value.item() > 0)
 
 
 def save_resume_checkpoint(trainer: pl.Trainer, fallback_name: str) -> Path:
@@ -91,12 +83,15 @@ class PreemptionCallback(pl.Callback):
         for signum in self.signals:
             self._previous[signum] = signal.getsignal(signum)
             signal.signal(signum, self._handler)
+        agreement = rank_agreement(trainer)  # the ranks compare their flags with the other periodic checks
+        agreement.every = self.check_interval
+        agreement.register("preempted", lambda: self.received is not None)
 
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: Any, **kwargs: Any
     ) -> None:
         if trainer.world_size > 1:
-            if trainer.global_step % self.check_interval or not _any_rank(self.received is not None):
+            if not rank_agreement(trainer).at_step_end(trainer).get("preempted"):
                 return
         elif self.received is None:
             return
@@ -172,15 +167,21 @@ class NonFiniteGuard:
         if isinstance(batch, dict):
             self._ids.extend(batch.get("ids", []))
 
-    def check(self, trainer: pl.Trainer, module: torch.nn.Module, grad_norm: float) -> bool:
+    def check(self, trainer: pl.Trainer, module: torch.nn.Module, grad_norm: float | None) -> bool:
         """True when this step may update the weights. Otherwise the step is counted and logged, the batch-norm
         statistics are restored, and after ``max_consecutive`` in a row the last good state is saved and
-        :class:`NonFiniteLossError` raised. The same answer on every rank, without a collective."""
+        :class:`NonFiniteLossError` raised. The same answer on every rank, without a collective.
+
+        The decision reads the gradient norm alone: a non-finite loss gives non-finite gradients through the
+        backward pass, and reading the loss too would be a second host synchronisation. Without a norm (none was
+        computed) it reads the step's losses."""
         if self.max_consecutive == 0:
             return True
-        # The norm's host sync has drained the stream: reading the (earlier) loss costs no further wait.
-        finite_loss = bool(torch.isfinite(torch.stack(self._losses)).all()) if self._losses else True
-        if math.isfinite(grad_norm) and finite_loss:
+        if grad_norm is not None:
+            finite = math.isfinite(grad_norm)
+        else:
+            finite = bool(torch.isfinite(torch.stack(self._losses)).all()) if self._losses else True
+        if finite:
             self.consecutive = 0
             return True
         self.consecutive += 1

@@ -7,18 +7,19 @@ Megatron Core assumes CUDA in a few places that a CPU run (tests, laptops, CI) r
   ``torch.cuda.synchronize()``;
 - the mixed-precision and distributed optimizers accept only parameters whose ``type()`` names a CUDA tensor,
   gradient clipping asserts CUDA gradients, and the loss scaler moves its state with ``.cuda()``;
-- without apex or transformer-engine, clipping scales the gradients one tensor at a time;
-- without apex or transformer-engine, the gradient norm falls back to a per-tensor loop with a host sync per
-  tensor;
+- without apex or transformer-engine (on any device), clipping scales the gradients one tensor at a time and the
+  gradient norm falls back to a per-tensor loop with a host sync per tensor: both are replaced by fused
+  ``torch._foreach`` kernels on every device where those fallbacks are in use (one sync for the norm, as with
+  transformer-engine);
 - its model-parallel RNG tracker stores and swaps the CUDA generator's states;
 - the GPT model's rotary embedding, attention buffers, default causal mask and inference KV cache allocate on
   ``torch.cuda.current_device()`` or ``"cuda"``.
 
 :func:`use_device` decides by the device the run trains on (the strategy's root device, so
 ``trainer.accelerator=cpu`` on a GPU node works too): for ``cpu`` the modules above see a ``torch`` in which
-``cuda`` means the CPU, CPU tensors pass the type checks while an optimizer is built, the norm and clipping use
-fused ``torch._foreach`` kernels, and Megatron's own RNG tracker swaps the CPU generator's states (its seeding
-rules and streams unchanged). For ``cuda`` every original is restored: nothing is changed. Without a
+``cuda`` means the CPU, CPU tensors pass the type checks while an optimizer is built, and Megatron's own RNG
+tracker swaps the CPU generator's states (its seeding rules and streams unchanged). For ``cuda`` every original is
+restored but the fused norm and scaling above. Without a
 strategy (scripts, tests) the default is the CPU when CUDA is absent. No other speechtrain module touches
 Megatron's internals.
 
@@ -107,7 +108,8 @@ class _CpuRandomTorch(_CpuTorch):
 
 # ----------------------------------------------------------------------------------- CPU versions of kernels
 def _foreach_l2_norm(chunk_size: int, noop_flag: Any, tensor_lists: list, per_tensor: bool, *args: Any) -> tuple:
-    """``amp_C.multi_tensor_l2norm`` with one fused ``_foreach_norm`` (Megatron's fallback syncs per tensor).
+    """``amp_C.multi_tensor_l2norm`` with one fused ``_foreach_norm`` on any device (Megatron's fallback syncs per
+    tensor).
     Megatron calls it through its ``multi_tensor_applier``, a pass-through, and only with gradients to norm."""
     norms = torch._foreach_norm([t.float() for t in tensor_lists[0]])
     return torch.linalg.vector_norm(torch.stack(norms)).reshape(1), None
@@ -133,7 +135,6 @@ def _cpu_swaps() -> list[tuple[Any, str, Any, Any]]:
     """(object, attribute, original value, CPU value) for everything a CPU run swaps. The bridge clips through
     ``clip_grads`` itself (:class:`~speechtrain.lightning.optimizer.MegatronOptimizer`), never through Megatron's
     ``step()``."""
-    clip_grads = importlib.import_module("megatron.core.optimizer.clip_grads")
     grad_scaler = importlib.import_module("megatron.core.optimizer.grad_scaler")
     random = importlib.import_module("megatron.core.tensor_parallel.random")
     cpu_torch = _CpuTorch()
@@ -142,8 +143,6 @@ def _cpu_swaps() -> list[tuple[Any, str, Any, Any]]:
         (random, "torch", _CpuRandomTorch()),
         (random, "_get_cuda_rng_state", lambda *args, **kwargs: torch.get_rng_state()),
         (random, "_set_cuda_rng_state", lambda state, *args, **kwargs: torch.set_rng_state(state)),
-        (clip_grads, "l2_norm_impl", _foreach_l2_norm),
-        (clip_grads, "multi_tensor_scale_impl", _foreach_scale),
         (grad_scaler.DynamicGradScaler, "load_state_dict", _load_scaler_state),
     ]
     return [(target, name, getattr(target, name), value) for target, name, value in swaps]
@@ -212,9 +211,39 @@ def import_megatron() -> types.ModuleType:
         _tolerate_foreign_decoders()
         _torch_optimizer_step_state()
         _state["swaps"] = _cpu_swaps()
+        _fused_fallback_kernels()
         _state["imported"] = True
         use_device("cuda" if torch.cuda.is_available() else "cpu")
     return importlib.import_module("megatron.core")
+
+
+def _fused_fallback_kernels() -> None:
+    """On every device: where Megatron falls back to its per-tensor norm and scaling (no transformer-engine, no
+    Apex), the fused ``torch._foreach`` versions instead (the fallback norm reads each tensor's norm on the host);
+    and its vocab-parallel cross-entropy's target masking without boolean indexing (:func:`_predicted_logits`)."""
+    clip_grads = importlib.import_module("megatron.core.optimizer.clip_grads")
+    if getattr(clip_grads.l2_norm_impl, "__name__", "") == "local_multi_tensor_l2_norm":
+        clip_grads.l2_norm_impl = _foreach_l2_norm
+    if getattr(clip_grads.multi_tensor_scale_impl, "__name__", "") == "local_multi_tensor_scale":
+        clip_grads.multi_tensor_scale_impl = _foreach_scale
+    cross_entropy = importlib.import_module("megatron.core.tensor_parallel.cross_entropy")
+    cross_entropy.VocabParallelCrossEntropy.calculate_predicted_logits = staticmethod(_predicted_logits)
+
+
+def _predicted_logits(
+    logits: torch.Tensor, target: torch.Tensor, logits_max: torch.Tensor, vocab_start: int, vocab_end: int
+) -> tuple[torch.Tensor, ...]:
+    """``VocabParallelCrossEntropy.calculate_predicted_logits`` (same contract and numbers) with ``masked_fill``
+    where Megatron assigns through a boolean mask (``x[mask] = 0``): on a GPU that turns the mask into indices with
+    ``nonzero``, a host synchronisation, twice per loss."""
+    logits -= logits_max.unsqueeze(dim=-1)  # in place, as Megatron's: the softmax reuses this memory
+    target_mask = (target < vocab_start) | (target >= vocab_end)  # targets of another rank's vocabulary slice
+    masked_target_1d = (target - vocab_start).masked_fill(target_mask, 0).view(-1)
+    logits_2d = logits.view(-1, logits.size()[-1])
+    rows = torch.arange(logits_2d.size()[0], device=logits_2d.device)
+    predicted = logits_2d[rows, masked_target_1d].clone().contiguous().view_as(target).masked_fill(target_mask, 0.0)
+    exp_logits = torch.exp(logits, out=logits)
+    return target_mask, masked_target_1d, predicted, exp_logits.sum(dim=-1), exp_logits
 
 
 def _tolerate_foreign_decoders() -> None:

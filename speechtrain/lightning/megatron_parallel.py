@@ -161,15 +161,28 @@ class MegatronParallel:
                 group.is_last_microbatch = False
 
     def _finalize(self, model: list[torch.nn.Module], num_tokens: torch.Tensor | None, **kwargs: Any) -> None:
-        """Megatron's ``finalize_model_grads`` at the end of a window (reduce over DP, divide by the window's
-        tokens); inside a window only the token count is carried to the next batch."""
+        """Megatron's ``finalize_model_grads`` at the end of a window (reduce over DP), then the division by the
+        window's tokens; inside a window only the token count is carried to the next batch.
+
+        The division is done here, with Megatron's collectives in Megatron's order (the count broadcast from the
+        last pipeline stage, then summed over the data-parallel ranks), because Megatron's own tests
+        ``num_tokens > 0`` on the host: a synchronisation every step. A window without tokens has zero gradients,
+        so dividing by at least one changes nothing."""
+        from megatron.core import parallel_state as mpu
         from megatron.core.distributed import finalize_model_grads
 
         tokens = self._window_tokens if num_tokens is None else self._window_tokens + num_tokens
         if self._accumulating:
             self._window_tokens = tokens
-        else:
-            finalize_model_grads(model, num_tokens=tokens, **kwargs)
+            return
+        finalize_model_grads(model, num_tokens=None, **kwargs)
+        pp_group = mpu.get_pipeline_model_parallel_group()
+        if torch.distributed.get_world_size(pp_group) > 1:
+            torch.distributed.broadcast(tokens, src=mpu.get_pipeline_model_parallel_last_rank(), group=pp_group)
+        torch.distributed.all_reduce(tokens, group=mpu.get_data_parallel_group(with_context_parallel=True))
+        scaling = 1.0 / tokens.clamp(min=1).float()
+        for chunk in model:
+            chunk.scale_gradients(scaling)
 
     # ------------------------------------------------------------------------------------------------ a step
     def _loss_func(self, batch: Any, output: torch.Tensor) -> tuple:
@@ -202,6 +215,10 @@ class MegatronParallel:
             # Every utterance of this rank's batch was unreadable (skipped and counted by the dataset). The rank
             # takes part in the same collectives as the others, contributing nothing.
             if not forward_only:
+                if self.ddp.ddp_config.overlap_grad_reduce and not self._accumulating:
+                    # No backward ran to launch the buckets' reductions: launch them (zeros) in their order.
+                    for group in self.ddp.bucket_groups + self.ddp.expert_parallel_bucket_groups:
+                        group.start_grad_sync()
                 self._finalize([self.ddp], None)
             return self._reduce_loss(sums)
         micro_batches = split_micro_batches(batch, self.micro_batch_size)

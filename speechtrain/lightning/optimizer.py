@@ -8,8 +8,9 @@ parameters (Megatron's rule).
 
 One step, composed from Megatron's own stages so that the non-finite guard can sit between them:
 ``prepare_grads`` (main gradients; fp16: unscale, found-inf over the model-parallel ranks, scaler update) ->
-``get_grad_norm`` (the global norm over TP/PP ranks, and DP shards under the distributed optimizer; one host
-sync) -> the guard's decision from that norm and the step's loss (identical on every rank: no collective) ->
+``get_grad_norm`` (the global norm over TP/PP ranks, and DP shards under the distributed optimizer; the step's one
+host sync, skipped where neither clipping nor the guard needs it and the step logs nothing) -> the guard's decision
+from that norm (identical on every rank: no collective) ->
 clipping by that norm -> ``step_with_ready_grads``. Megatron's ``step()`` runs the same stages without the guard.
 """
 
@@ -41,7 +42,8 @@ class MegatronOptimizer(torch.optim.Optimizer):
         self.clip_grad = clip_grad
         self.defaults: dict[str, Any] = {}
         # Decides from the gradient norm whether the step may update the weights (the strategy's non-finite guard).
-        self.should_update: Callable[[float], bool] | None = None
+        self.should_update: Callable[[float | None], bool] | None = None
+        self.needs_norm: Callable[[], bool] | None = None  # None: always compute the gradient norm
 
     @classmethod
     def build(
@@ -133,7 +135,10 @@ class MegatronOptimizer(torch.optim.Optimizer):
         # Lightning's closure (the step's forward and backward, then its on_before_optimizer_step hooks and clipping).
         result = None if closure is None else torch.enable_grad()(closure)()
         overflow = self.mcore.prepare_grads()  # fp16: Megatron's scaler has already backed off
-        norm = math.inf if overflow else float(self.mcore.get_grad_norm())
+        # The norm costs the step's one host synchronisation: computed for clipping and the non-finite guard, else
+        # only on the steps whose metrics are logged (``needs_norm``).
+        needed = self.clip_grad > 0 or self.needs_norm is None or self.needs_norm()
+        norm = math.inf if overflow else float(self.mcore.get_grad_norm()) if needed else None
         if overflow or (self.should_update is not None and not self.should_update(norm)):
             return result
         if self.clip_grad > 0:

@@ -65,3 +65,12 @@ class ProgressLog(Callback):
 def _short(value: Any) -> str:
     value = float(value)
     return f"{value:.4g}" if abs(value) < 1e4 else f"{value:,.0f}"
+
+
+def logs_this_step(trainer: Any) -> bool:
+    """Whether this training batch's logged values reach the loggers and the progress bar (every
+    ``trainer.log_every_n_steps`` batches, Lightning's own rule). Each value a step logs costs a host
+    synchronisation when Lightning converts it (or a blocking copy to the device for a Python number); the models
+    and the bridge log only on these batches. True outside a training loop."""
+    connector = getattr(trainer, "_logger_connector", None) if trainer is not None else None
+    return True if connector is None else bool(connector.should_update_logs)

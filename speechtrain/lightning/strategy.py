@@ -22,6 +22,7 @@ from speechtrain.lightning.megatron_compat import model_parallel_manual_seed, us
 from speechtrain.lightning.megatron_parallel import MegatronParallel
 from speechtrain.lightning.optimizer import MegatronOptimizer
 from speechtrain.lightning.precision import MegatronMixedPrecision
+from speechtrain.lightning.progress import logs_this_step
 
 logger = logging.getLogger(__name__)
 
@@ -39,7 +40,8 @@ class MegatronStrategy(DDPStrategy):
             with 1/DP of the optimizer memory per rank.
         overlap_grad_reduce: reduce gradient buckets while backward runs. Only for models where every trainable
             parameter gets a gradient in every step on every rank (not SALM with text-only batches); off, the
-            buckets are reduced after backward in a fixed order whatever the data.
+            buckets are reduced after backward in a fixed order whatever the data. None (the default): on for a
+            model whose ``every_parameter_gets_a_gradient()`` says so (the ASR models), else off.
         grad_reduce_in_fp32: accumulate and reduce gradients in fp32 (Megatron's DDP), whatever the weights' dtype.
         seed: seed of the model-parallel RNG streams (default: Lightning's global seed, else 1234).
         max_consecutive_nonfinite_steps: a step whose loss or gradient norm is not finite is skipped (no update),
@@ -61,7 +63,7 @@ class MegatronStrategy(DDPStrategy):
         pipeline_model_parallel_size: int = 1,
         micro_batch_size: int | None = None,
         use_distributed_optimizer: bool = False,
-        overlap_grad_reduce: bool = False,
+        overlap_grad_reduce: bool | None = None,
         grad_reduce_in_fp32: bool = True,
         seed: int | None = None,
         max_consecutive_nonfinite_steps: int = 10,
@@ -184,12 +186,18 @@ class MegatronStrategy(DDPStrategy):
             module,
             device=self.root_device,
             micro_batch_size=self.micro_batch_size,
-            overlap_grad_reduce=self.overlap_grad_reduce,
+            overlap_grad_reduce=self._overlap_grad_reduce(module),
             use_distributed_optimizer=self.use_distributed_optimizer,
             grad_reduce_in_fp32=self.grad_reduce_in_fp32,
         )
         MegatronParallel.active = self.megatron_parallel
         self._window_open = False
+
+    def _overlap_grad_reduce(self, module: Any) -> bool:
+        if self.overlap_grad_reduce is not None:
+            return bool(self.overlap_grad_reduce)
+        every = getattr(module, "every_parameter_gets_a_gradient", None)
+        return bool(every()) if callable(every) else False
 
     def setup_optimizers(self, trainer: Any) -> None:
         """The module's ``configure_optimizers`` builds Megatron's optimizer through
@@ -203,11 +211,17 @@ class MegatronStrategy(DDPStrategy):
                     "SpeechModel.configure_optimizers does)."
                 )
             optimizer.should_update = self._should_update
+            optimizer.needs_norm = self._needs_norm
 
-    def _should_update(self, grad_norm: float) -> bool:
+    def _needs_norm(self) -> bool:
+        return self.nonfinite_guard.max_consecutive > 0 or logs_this_step(self.lightning_module.trainer)
+
+    def _should_update(self, grad_norm: float | None) -> bool:
         module = self.lightning_module
         ok = self.nonfinite_guard.check(module.trainer, module, grad_norm)
-        if ok:
+        if not logs_this_step(module.trainer):
+            return ok
+        if ok and grad_norm is not None:
             module.log("grad_norm", grad_norm, batch_size=1)
         else:
             module.log("nonfinite_steps", float(self.nonfinite_guard.total), batch_size=1)
@@ -228,7 +242,8 @@ class MegatronStrategy(DDPStrategy):
             loss = self.megatron_parallel.run(batch, forward_only=False, last_in_window=not accumulate)
         self._window_open = accumulate  # the next batch continues this optimizer step
         self.nonfinite_guard.observe(loss, batch)
-        module.log("reduced_train_loss", loss, prog_bar=True, batch_size=1)
+        if logs_this_step(module.trainer):
+            module.log("reduced_train_loss", loss, prog_bar=True, batch_size=1)
         return loss
 
     def backward(self, closure_loss: torch.Tensor, optimizer: Any, *args: Any, **kwargs: Any) -> torch.Tensor:

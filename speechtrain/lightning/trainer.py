@@ -18,6 +18,7 @@ from lightning.pytorch.trainer.connectors.checkpoint_connector import _Checkpoin
 from speechtrain import backends
 from speechtrain.common.auto_precision import resolve_auto_precision
 from speechtrain.lightning.callbacks import CallbackGroup
+from speechtrain.lightning.limits import AgreeAtStepEnd, WallClockLimit, sparse_sigterm_checks
 from speechtrain.lightning.progress import ProgressLog
 
 logger = logging.getLogger(__name__)
@@ -193,8 +194,13 @@ class Trainer(pl.Trainer):
             # A progress bar written to a file shows nothing until the end: log lines instead (progress.py).
             kwargs["enable_progress_bar"] = False
             kwargs["callbacks"] = [*(kwargs.get("callbacks") or []), ProgressLog()]
+        # Lightning's per-batch time and SIGTERM checks, agreed on every few steps in one reduction (limits.py).
+        kwargs["callbacks"] = [*(kwargs.get("callbacks") or []), AgreeAtStepEnd()]
+        if kwargs.get("max_time") is not None:
+            kwargs["callbacks"].append(WallClockLimit(kwargs.pop("max_time")))
         CallbackGroup.get_instance().on_app_start()
         super().__init__(*args, **kwargs)
+        sparse_sigterm_checks(self)
         self._checkpoint_connector = _EventfulCheckpointConnector(self)
         self.callbacks.append(_StoreTrainerConfig())
 
@@ -225,8 +231,11 @@ class Trainer(pl.Trainer):
 
     @classmethod
     def from_checkpoint(cls, path: str | Path, **overrides: Any) -> "Trainer":
-        """Build the trainer that wrote the Lightning checkpoint ``path`` (loaded without unpickling code)."""
-        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+        """Build the trainer that wrote the Lightning checkpoint ``path`` (checked against its CRCs, loaded
+        without unpickling code: :func:`speechtrain.lightning.checkpoint.load_checkpoint`)."""
+        from speechtrain.lightning.checkpoint import load_checkpoint
+
+        checkpoint = load_checkpoint(path)
         if TRAINER_CONFIG_KEY not in checkpoint:
             raise KeyError(f"{path} holds no trainer config (it was not written by a speechtrain Trainer).")
         return cls.from_config(checkpoint[TRAINER_CONFIG_KEY], **overrides)

@@ -223,7 +223,8 @@ class SalmDataset(CutDataset):
         prompt_ids, prompt_lens = pad_1d([item["prompt_ids"] for item in items], pad)
         return {"ids": [item["id"] for item in items], "audio": audio, "audio_lens": audio_lens,
                 "input_ids": input_ids, "input_lens": input_lens, "loss_mask": loss_mask,
-                "prompt_ids": prompt_ids, "prompt_lens": prompt_lens,
+                "prompt_ids": prompt_ids, "prompt_lens": prompt_lens, "input_counts": input_lens.tolist(),
+                "audio_rows": [row for row, item in enumerate(items) for _ in item["audios"]],
                 "answers": [item["answer"] for item in items], "tasks": [item["task"] for item in items]}  # fmt: skip
 
 

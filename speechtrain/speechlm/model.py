@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from omegaconf import OmegaConf
@@ -254,6 +255,16 @@ class AudioPerception(torch.nn.Module):
         with seeded(seed + 60_000):
             self.proj = torch.nn.Linear(cfg.encoder.d_model, llm_width)
 
+    def output_lengths(self, samples: Any) -> Any:
+        """The embeddings :meth:`forward` gives utterances of ``samples`` samples (the arithmetic alone: a tensor
+        on any device, or a NumPy array on the host); None with CTC compression, whose lengths depend on the
+        recognised labels."""
+        if self.ctc_head is not None:
+            return None
+        frames = self.encoder.output_lengths(self.preprocessor.frame_lengths(samples))
+        k = self.adapter.subsampling
+        return (frames + k - 1) // k if self.adapter.stack is not None else frames
+
     def forward(self, audio: torch.Tensor, audio_lens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         feats, lengths = self.preprocessor(audio, audio_lens)
         x, lengths = self.encoder(feats, lengths)
@@ -406,9 +417,27 @@ class SALMModel(SpeechModel):
             audio = tokens.new_zeros(0, 1, tokens.shape[-1])
             audio_lens = torch.zeros(0, dtype=torch.long, device=ids.device)
         loss_mask = batch.get("loss_mask") if ids_key == "input_ids" else None
+        out_len = self._spliced_length(batch) if ids_key == "input_ids" else None
         return inject_audio(tokens, ids, batch[lens_key], audio, audio_lens, self.audio_id, loss_mask,
                             pad_multiple=self._pad_multiple(), padding_side=padding_side,
-                            input_padding_side="right")  # fmt: skip
+                            input_padding_side="right", out_len=out_len, check=out_len is None)  # fmt: skip
+
+    def _spliced_length(self, batch: dict[str, Any]) -> int | None:
+        """The longest row after the audio is spliced in, from what the collator gives on the host (lengths as
+        ints, the row of each audio) and the perception's length arithmetic; None where either is missing (a
+        batch made by hand, CTC compression, whose lengths depend on the predictions)."""
+        samples, counts, rows = batch.get("audio_samples"), batch.get("input_counts"), batch.get("audio_rows")
+        if samples is None or counts is None or rows is None:
+            return None
+        if not len(rows) == len(samples) == batch["audio"].shape[0] or any(r >= len(counts) for r in rows):
+            return None  # (a batch edited by hand after collation)
+        frames = self.perception.output_lengths(np.asarray(samples, dtype=np.int64)) if samples else None
+        if samples and frames is None:
+            return None
+        spliced = list(counts)
+        for row, n in zip(rows, frames.tolist() if frames is not None else [], strict=True):
+            spliced[row] += n - 1  # the placeholder becomes the utterance's frames
+        return max(spliced, default=0)
 
     def _pad_multiple(self) -> int:
         sequence_parallel = getattr(getattr(self.llm, "config", None), "sequence_parallel", False)

@@ -33,8 +33,11 @@ class AudioCodec:
     num_codebooks: int
     codebook_size: int
 
-    def encode(self, audio: torch.Tensor, audio_lens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(B, T) audio, (B,) lengths -> (B, K, F) codes, (B,) frame lengths."""
+    def encode(
+        self, audio: torch.Tensor, audio_lens: torch.Tensor, samples: list[int] | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(B, T) audio, (B,) lengths -> (B, K, F) codes, (B,) frame lengths. ``samples``: the lengths as Python
+        ints where the caller has them (a training batch): then the host never reads ``audio_lens``."""
         raise NotImplementedError
 
     def decode(self, codes: torch.Tensor, frame_lens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -130,6 +133,7 @@ class MelRVQCodec(SpeechModel, AudioCodec):
         )  # fmt: skip
         self.register_buffer("codebooks", torch.zeros(cfg.num_codebooks, cfg.codebook_size, cfg.n_mels))
         self.register_buffer("fitted", torch.zeros((), dtype=torch.bool))
+        self.register_load_state_dict_post_hook(lambda module, keys: setattr(module, "_known_fitted", False))
 
     def configure_model(self) -> None:
         """Nothing to build: the codebooks are buffers (a SpeechModel hook)."""
@@ -139,14 +143,19 @@ class MelRVQCodec(SpeechModel, AudioCodec):
         """Frames of utterances of ``audio_lens`` samples (centred STFT)."""
         return audio_lens // self.cfg.hop_length + 1
 
-    def log_mel(self, audio: torch.Tensor, audio_lens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def log_mel(
+        self, audio: torch.Tensor, audio_lens: torch.Tensor, samples: list[int] | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """(B, T) -> (B, n_mels, F) natural-log mel magnitudes (floor 1e-5), fp32, and frame lengths. Each
         utterance is analysed alone (the centred STFT reflects at its own end, not into the padding), so its
-        frames do not depend on the batch; padded frames hold the floor."""
+        frames do not depend on the batch; padded frames hold the floor. ``samples``: ``audio_lens`` as Python ints,
+        when the caller has them (else they are read from the device)."""
         frame_lens = self.frame_lengths(audio_lens)
-        out = torch.full((audio.shape[0], self.cfg.n_mels, int(frame_lens.max())), -11.5129, device=audio.device)
+        samples = audio_lens.tolist() if samples is None else samples
+        frames = max(n // self.cfg.hop_length + 1 for n in samples)
+        out = torch.full((audio.shape[0], self.cfg.n_mels, frames), -11.5129, device=audio.device)
         with torch.autocast(audio.device.type, enabled=False):
-            for i, length in enumerate(audio_lens.tolist()):
+            for i, length in enumerate(samples):
                 mel = self.mel(audio[i, :length].float())
                 out[i, :, : mel.shape[-1]] = mel.clamp(min=1e-5).log()
         return out, frame_lens
@@ -185,18 +194,25 @@ class MelRVQCodec(SpeechModel, AudioCodec):
             residual = residual - centroids.double()[index]
             errors[f"mse_after_{k + 1}"] = float(residual.pow(2).mean())
         self.fitted.fill_(True)
+        self._known_fitted = True
         return errors
 
     def _check_fitted(self) -> None:
-        if not bool(self.fitted):
+        # Read from the device once, then known on the host (fit and a state-dict load set it again).
+        if getattr(self, "_known_fitted", False):
+            return
+        self._known_fitted = bool(self.fitted)
+        if not self._known_fitted:
             raise RuntimeError(
                 "MelRVQCodec has no codebooks yet: fit it (examples/codec_train.py) or load an archive."
             )
 
     # ------------------------------------------------------------------------------------------ interface
     @torch.no_grad()
-    def encode(self, audio: torch.Tensor, audio_lens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        log_mel, frame_lens = self.log_mel(audio, audio_lens)
+    def encode(
+        self, audio: torch.Tensor, audio_lens: torch.Tensor, samples: list[int] | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        log_mel, frame_lens = self.log_mel(audio, audio_lens, samples)
         return self.quantize(log_mel), frame_lens
 
     @torch.no_grad()
@@ -276,7 +292,8 @@ def fit_codec(cfg: MelRVQCodecConfig | Any, rows: list[dict[str, Any]]) -> tuple
 
 def ensure_codec(cfg: Any, manifest: str, max_utterances: int = 600) -> Path:
     """The archive of a codec of config ``cfg`` fitted on ``max_utterances`` utterances of ``manifest``: fitted
-    once (about a minute) and cached under the datasets cache (``codecs/``); the file is replaced atomically."""
+    once (about a minute) and cached under the datasets cache (``codecs/``, keyed by the manifest's content); the
+    file is replaced atomically."""
     import dataclasses
     import hashlib
     import json
@@ -285,12 +302,13 @@ def ensure_codec(cfg: Any, manifest: str, max_utterances: int = 600) -> Path:
 
     from omegaconf import OmegaConf
 
+    from speechtrain.common.fingerprint import file_fingerprint
     from speechtrain.corpora.builtin import resolve_manifest
     from speechtrain.lightning import settings
 
     plain = OmegaConf.to_container(cfg) if OmegaConf.is_config(cfg) else dataclasses.asdict(cfg)
     source = Path(resolve_manifest(manifest)).resolve()
-    key = hashlib.sha256(json.dumps([str(source), source.stat().st_size, max_utterances, plain],
+    key = hashlib.sha256(json.dumps([str(source), file_fingerprint(source), max_utterances, plain],
                                     sort_keys=True).encode()).hexdigest()[:12]  # fmt: skip
     path = settings.SPEECHTRAIN_DATASETS_CACHE / "codecs" / f"melrvq-{key}" / "codec.stm"
     if not path.is_file():

@@ -189,18 +189,21 @@ def beta_binomial_log_prior(
 
 
 def alignment_loss(weights: torch.Tensor, text_lens: torch.Tensor, step_lens: torch.Tensor,
-                   blank_log_prob: float = -1.0) -> torch.Tensor:  # fmt: skip
+                   blank_log_prob: float = -1.0, reduction: str = "mean") -> torch.Tensor:  # fmt: skip
     """RAD-TTS's forward-sum loss: the negative log-likelihood, under the (B, T, N) attention ``weights``, of
     visiting text positions 1..N in order (each for one or more decoder steps), by CTC with a constant-score blank;
-    per utterance divided by its text length, averaged over the batch (an impossible alignment counts 0)."""
+    per utterance divided by its text length (``reduction="none"``: those (B,)), averaged over the batch (an
+    impossible alignment counts 0)."""
     log_probs = torch.log(weights.float().clamp(min=1e-8))
     positions = torch.arange(log_probs.shape[-1], device=log_probs.device)
     # Padded positions get a large negative score, not -inf: CTC's gradient is NaN at -inf inputs.
     log_probs = log_probs.masked_fill(positions[None, None, :] >= text_lens[:, None, None], -1e4)
     log_probs = F.pad(log_probs, (1, 0), value=blank_log_prob).log_softmax(dim=-1)  # (B, T, 1 + N), blank first
     targets = (positions + 1)[None, :].expand(log_probs.shape[0], -1)
-    return F.ctc_loss(log_probs.transpose(0, 1), targets, step_lens, text_lens, blank=0, reduction="mean",
-                      zero_infinity=True)  # fmt: skip
+    losses = F.ctc_loss(log_probs.transpose(0, 1), targets, step_lens, text_lens, blank=0, reduction="none",
+                        zero_infinity=True)  # fmt: skip
+    per = losses / text_lens.clamp(min=1).to(losses.dtype)
+    return per if reduction == "none" else per.mean()
 
 
 class TTSModel(SpeechModel):
@@ -334,7 +337,7 @@ class TTSModel(SpeechModel):
         framewise = torch.full((batch, total, k), self.bos, dtype=torch.long, device=codes.device)
         framewise[:, :frames] = codes.transpose(1, 2)
         index = torch.arange(total, device=codes.device)[None, :]
-        framewise[index.expand(batch, -1) == frame_lens[:, None]] = self.eos
+        framewise.masked_fill_((index == frame_lens[:, None])[:, :, None], self.eos)
         valid = index <= frame_lens[:, None]  # real frames and the EOS frame
         framewise = torch.where(valid[:, :, None], framewise, torch.full_like(framewise, self.bos))
         targets = framewise.view(batch, steps, stacking, k)
@@ -367,14 +370,12 @@ class TTSModel(SpeechModel):
         """The batch's codec codes (B, K, F) and frame lengths: precomputed, or encoded from its audio."""
         if "codes" in batch:
             return batch["codes"], batch["code_lens"]
-        return self.codec.encode(batch["audio"], batch["audio_lens"])
+        return self.codec.encode(batch["audio"], batch["audio_lens"], batch.get("audio_samples"))
 
     def drop_condition(self, tokens: torch.Tensor, lens: torch.Tensor, dropped: torch.Tensor) -> tuple:
         """Texts with the ``dropped`` (B,) ones replaced by the single "no text" token."""
-        tokens, lens = tokens.clone(), lens.clone()
-        tokens[dropped, 0] = self.no_text_id
-        lens[dropped] = 1
-        return tokens, lens
+        tokens = torch.cat([torch.where(dropped, self.no_text_id, tokens[:, 0])[:, None], tokens[:, 1:]], dim=1)
+        return tokens, torch.where(dropped, torch.ones_like(lens), lens)
 
     def teacher_forced_logits(
         self, batch: dict[str, Any], dropped: torch.Tensor | None = None, prior_strength: float = 0.0,
@@ -386,7 +387,7 @@ class TTSModel(SpeechModel):
         codes, frame_lens = self.codes_of(batch)
         tf = self.stack_codes(codes, frame_lens)
         tokens, lens = batch["text_tokens"], batch["text_lens"]
-        if dropped is not None and bool(dropped.any()):
+        if dropped is not None:  # (a no-op where none is dropped: no host check)
             tokens, lens = self.drop_condition(tokens, lens, dropped)
         memory, pad = self.encode_text(tokens, lens)
         bias = self.prior_bias(lens, tf["step_lens"], prior_strength, (tf["inputs"].shape[1], memory.shape[1]))
@@ -419,10 +420,11 @@ class TTSModel(SpeechModel):
         need = self.training and weight > 0
         logits, tf, weights = self.teacher_forced_logits(batch, dropped, strength, need_weights=need)
         align = torch.zeros((), device=logits.device)
-        keep = ~dropped if dropped is not None else None
-        if need and bool(keep.any()):
-            lens = batch["text_lens"][keep]
-            align = sum(alignment_loss(w[keep], lens, tf["step_lens"][keep]) for w in weights) / len(weights)
+        if need:  # over the utterances that kept their text (masks, not selections: no host synchronisation)
+            keep = ~dropped
+            lens, steps = batch["text_lens"], tf["step_lens"]
+            per = sum(alignment_loss(w, lens, steps, reduction="none") for w in weights) / len(weights)
+            align = torch.where(keep, per, torch.zeros_like(per)).sum() / keep.sum().clamp(min=1)
         return logits, tf, align
 
     def loss_step(self, batch: dict[str, Any], output: tuple) -> tuple[torch.Tensor, torch.Tensor]:
