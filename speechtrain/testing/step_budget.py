@@ -34,7 +34,8 @@ SYNC_METHODS = {"item", "__bool__", "__float__", "__int__", "__index__", "tolist
 DATA_DEPENDENT = {"aten.nonzero.default", "aten.masked_select.default", "aten.repeat_interleave.Tensor",
                   "aten._unique2.default", "aten.unique_dim.default", "aten.unique_consecutive.default",
                   "aten.argwhere.default", "aten.bincount.default", "aten._local_scalar_dense.default"}  # fmt: skip
-ANCHORS = ("speechtrain", "lightning", "megatron", "tests", "benchmarks", "torchmetrics")  # where a place is named from
+# Where a place is named from (the outermost of these folders in its path).
+ANCHORS = ("speechtrain", "lightning", "megatron", "tests", "benchmarks", "torchmetrics")
 # Places that read tensors which live on the host on every device (on a CPU run they look like any other):
 # Megatron's RNG tracker compares the CPU generator's state before and after each of its forks.
 HOST_ONLY = ("megatron/core/tensor_parallel/random.py",)
