@@ -48,14 +48,16 @@ def _asr_job(recipe: str, folder: Path, manifest: Path, steps: int, extra: list[
     )
 
 
-def run_one(family: str, tp: int, devices: int, steps: int, out: Path) -> None:
+def run_one(family: str, tp: int, devices: int, steps: int, out: Path, accelerator: str = "cpu",
+            sync_errors: bool = False) -> None:  # fmt: skip
     """Train ``family`` for ``steps`` steps on ``devices`` processes (this process is rank 0; Lightning starts the
-    others by running this command again) and write each rank's counts to ``out/rank<r>.json``."""
+    others by running this command again) and write each rank's counts to ``out/rank<r>.json``. On a GPU with
+    ``sync_errors``, a host synchronisation other than the gradient norm stops the run with an error."""
     import lightning.pytorch as pl
 
     from speechtrain.corpora.dtmf import make_dtmf_corpus
     from speechtrain.lightning import BaseCallback, CallbackGroup, MegatronStrategy, Trainer
-    from speechtrain.testing.step_budget import StepBudget
+    from speechtrain.testing.step_budget import CudaSyncErrors, StepBudget
 
     class Recorder(BaseCallback, StepBudget):
         def __init__(self) -> None:
@@ -72,26 +74,38 @@ def run_one(family: str, tp: int, devices: int, steps: int, out: Path) -> None:
     manifest = make_dtmf_corpus(folder / "dtmf", 40, seed=7) if not (folder / "dtmf").exists() else (
         folder / "dtmf" / "manifest.json")  # fmt: skip
     recorder = Recorder()
+    guards = [CudaSyncErrors()] if sync_errors else []
     strategy = {"tensor_model_parallel_size": tp}
     if family in ("ctc", "hybrid"):
         recipe = "asr_train" if family == "ctc" else "asr_train_hybrid"
-        layout = [f"trainer.devices={devices}", f"trainer.strategy.tensor_model_parallel_size={tp}"]
+        layout = [f"trainer.devices={devices}", f"trainer.strategy.tensor_model_parallel_size={tp}",
+                  f"trainer.accelerator={accelerator}"]  # fmt: skip
         main, cfg = _asr_job(recipe, folder, manifest, steps, layout)
         CallbackGroup.get_instance().register(recorder)
+        for guard in guards:
+            CallbackGroup.get_instance().register(_as_lifecycle(guard))
         main(cfg)
         return
     sys.path.insert(0, str(ROOT / "tests"))
     from test_device_discipline import family_model
 
     model = family_model(family, folder, manifest)
-    trainer = Trainer(accelerator="cpu", devices=devices, strategy=MegatronStrategy(**strategy), precision="32",
+    trainer = Trainer(accelerator=accelerator, devices=devices, strategy=MegatronStrategy(**strategy), precision="32",
                       max_steps=steps, max_time="00:01:00:00", limit_val_batches=0, num_sanity_val_steps=0,
                       use_distributed_sampler=False, logger=False, enable_checkpointing=False,
-                      enable_model_summary=False, callbacks=[recorder])  # fmt: skip
+                      enable_model_summary=False, callbacks=[recorder, *guards])  # fmt: skip
     trainer.fit(model)
 
 
-def measure(family: str, tp: int, devices: int, steps: int, skip: int) -> dict:
+def _as_lifecycle(callback: object) -> object:
+    """``callback`` as a lifecycle callback (registered with the job's ``CallbackGroup``)."""
+    from speechtrain.lightning import BaseCallback
+
+    return type(f"Lifecycle{type(callback).__name__}", (BaseCallback, type(callback)), {})()
+
+
+def measure(family: str, tp: int, devices: int, steps: int, skip: int, accelerator: str = "cpu",
+            sync_errors: bool = False) -> dict:  # fmt: skip
     """Run :func:`run_one` in a fresh process group and summarise its ranks' counts."""
     from speechtrain.testing.step_budget import summarise
 
@@ -101,7 +115,8 @@ def measure(family: str, tp: int, devices: int, steps: int, skip: int) -> dict:
         for key in ("MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "RANK"):
             env.pop(key, None)
         command = [sys.executable, __file__, "--run", family, "--tp", str(tp), "--devices", str(devices),
-                   "--steps", str(steps), "--out", str(out)]  # fmt: skip
+                   "--steps", str(steps), "--out", str(out), "--accelerator", accelerator,
+                   *(["--cuda-sync-errors"] if sync_errors else [])]  # fmt: skip
         done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
         if done.returncode != 0:
             raise RuntimeError(f"{family} (TP={tp}) failed:\n{done.stdout[-3000:]}\n{done.stderr[-5000:]}")
@@ -121,17 +136,23 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--json", help="write the summaries to this file")
     parser.add_argument("--verbose", action="store_true", help="print each distinct sequence of collectives")
     parser.add_argument("--record", action="store_true", help="append the figures to results/step_budget.jsonl")
+    parser.add_argument("--accelerator", default="cpu", help="gpu: the same runs on CUDA with NCCL")
+    parser.add_argument(
+        "--cuda-sync-errors",
+        action="store_true",
+        help="on a GPU: any host sync but the gradient norm stops the run (set_sync_debug_mode)",
+    )
     parser.add_argument("--run", choices=FAMILIES, help=argparse.SUPPRESS)  # one rank's job (internal)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.run:
-        run_one(args.run, args.tp, args.devices, args.steps, Path(args.out))
+        run_one(args.run, args.tp, args.devices, args.steps, Path(args.out), args.accelerator, args.cuda_sync_errors)
         return
     layouts = [(args.family, args.tp)] if args.family else LAYOUTS
     results = []
     for family, tp in layouts:
         devices = args.devices or 2 * tp if family == args.family else 2 * tp
-        result = measure(family, tp, devices, args.steps, args.skip)
+        result = measure(family, tp, devices, args.steps, args.skip, args.accelerator, args.cuda_sync_errors)
         results.append(result)
         same = "yes" if result["same_collectives_on_every_rank"] else "NO"
         print(f"{family:7s} TP={tp} DP={result['dp']}: {result['syncs_per_step']} host syncs/step "

@@ -407,6 +407,7 @@ class CTCModel(SpeechModel):
             parallel_state.data_parallel_world_size(),
             AsrCutDataset.from_config(self.tokenizer, cfg),
             epoch_batches=epoch_batches,
+            evaluation=not train,
         )
 
     # ------------------------------------------------------------------------------------------- inference

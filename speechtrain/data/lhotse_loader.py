@@ -26,6 +26,11 @@ with their length), or a NeMo tarred dataset (``is_tarred: true`` with ``tarred_
   counted with the dataset's tokenizer; catches misaligned transcripts). What they drop is logged at start.
 - Audio at another rate than ``sample_rate`` is resampled on the fly (``resample: false`` skips it instead);
   ``augmentation`` (speed, gain, noise; :mod:`speechtrain.data.augment`) is applied by the dataset.
+- Untrusted files: lhotse cuts whose audio would come from a ``command`` or a ``url`` source are refused as the
+  sampler meets them, before any audio is read; up to ``skip_bad_lines`` bad lines per lazy manifest and pass, and
+  NeMo tar members that are missing, over ``max_tar_member_bytes`` or not audio, are skipped and counted; audio
+  longer than its manifest ``duration`` by over ``duration_tolerance`` seconds is read up to that duration and
+  counted.
 
 The sampler yields :class:`CutBatch` es (cuts and epoch); the datasets of :mod:`speechtrain.data.cut_datasets` turn
 them into tensors.
@@ -43,9 +48,16 @@ from typing import Any, NamedTuple
 import torch
 from torch.utils.data import DataLoader
 
+from speechtrain.data.audio_text import check_audio_sources, unusable_reason
 from speechtrain.data.augment import AugmentationConfig
 from speechtrain.data.buckets import min_padding_bins
-from speechtrain.data.nemo_adapters import LazyNeMoManifest, LazyNeMoTarredIterator, expand_paths
+from speechtrain.data.manifest import DEFAULT_SKIP_BAD_LINES
+from speechtrain.data.nemo_adapters import (
+    DEFAULT_MAX_TAR_MEMBER_BYTES,
+    LazyNeMoManifest,
+    LazyNeMoTarredIterator,
+    expand_paths,
+)
 
 logger = logging.getLogger("speechtrain.data")
 
@@ -82,8 +94,14 @@ class LoaderConfig:
     pin_memory: bool = False
     drop_last: bool = False
     augmentation: AugmentationConfig = field(default_factory=AugmentationConfig)
+    skip_bad_lines: int = DEFAULT_SKIP_BAD_LINES
+    max_tar_member_bytes: int = DEFAULT_MAX_TAR_MEMBER_BYTES
+    duration_tolerance: float = 1.0
 
     def __post_init__(self) -> None:
+        for key in ("skip_bad_lines", "max_tar_member_bytes", "duration_tolerance"):
+            if getattr(self, key) < 0:
+                raise ValueError(f"{key}={getattr(self, key)}: must be >= 0.")
         # input_cfg names all of the data: a manifest set beside it (a command-line override of a recipe that
         # blends, or a fine-tuning set over an archive's blend) would otherwise be read together with the blend.
         if self.input_cfg:
@@ -124,24 +142,33 @@ def _as_list(value: Any) -> list[str]:
     return [str(v) for v in value]
 
 
-def cuts_from_nemo_manifest(path: str | Path, sample_rate: int) -> Any:
+def cuts_from_nemo_manifest(path: str | Path, sample_rate: int, skip_bad_lines: int = DEFAULT_SKIP_BAD_LINES) -> Any:
     """A lazy lhotse CutSet for a NeMo manifest: read line by line while the sampler iterates (no audio is opened
     here, and memory does not grow with the manifest's length). See
     :class:`~speechtrain.data.nemo_adapters.LazyNeMoManifest`."""
     from lhotse import CutSet
 
-    return CutSet(LazyNeMoManifest(path, sample_rate))
+    return CutSet(LazyNeMoManifest(path, sample_rate, skip_bad_lines))
 
 
 def cuts_from_lhotse_manifest(path: str | Path) -> Any:
-    """A lhotse CutSet manifest, read lazily when it is JSON lines (``.jsonl``, ``.jsonl.gz``)."""
+    """A lhotse CutSet manifest, read lazily when it is JSON lines (``.jsonl``, ``.jsonl.gz``). A cut whose audio
+    would come from a command or a URL is refused when the sampler meets it
+    (:func:`~speechtrain.data.audio_text.check_audio_sources`)."""
     from lhotse import CutSet
 
     if ".jsonl" in Path(path).name:
         if not Path(path).is_file():
             raise FileNotFoundError(f"cuts_path: no such file: {path}")
-        return CutSet.from_jsonl_lazy(path)
-    return CutSet.from_file(path)
+        return CutSet.from_jsonl_lazy(path).map(check_audio_sources)
+    return CutSet.from_file(path).map(check_audio_sources)
+
+
+def cuts_from_shar(path: str | Path) -> Any:
+    """A lhotse Shar folder's cuts, lazily; sources checked as in :func:`cuts_from_lhotse_manifest`."""
+    from lhotse import CutSet
+
+    return CutSet.from_shar(in_dir=path).map(check_audio_sources)
 
 
 def _chain(parts: list[Any]) -> Any:
@@ -159,9 +186,7 @@ _SOURCE_KEYS = {
 }
 
 
-def _source(entry: Any, sample_rate: int, seed: int, where: str) -> Any:
-    from lhotse import CutSet
-
+def _source(entry: Any, sample_rate: int, seed: int, where: str, skip_bad_lines: int) -> Any:
     entry = dict(entry)
     kind = entry.get("type", "nemo")
     if kind not in _SOURCE_KEYS:
@@ -179,13 +204,14 @@ def _source(entry: Any, sample_rate: int, seed: int, where: str) -> Any:
     if kind == "nemo":
         from speechtrain.corpora.builtin import resolve_manifest
 
-        cuts = cuts_from_nemo_manifest(resolve_manifest(entry["manifest_filepath"]), sample_rate)
+        cuts = cuts_from_nemo_manifest(resolve_manifest(entry["manifest_filepath"]), sample_rate, skip_bad_lines)
     elif kind == "lhotse":
         cuts = cuts_from_lhotse_manifest(entry["cuts_path"])
     elif kind == "lhotse_shar":
-        cuts = CutSet.from_shar(in_dir=entry["shar_path"])
+        cuts = cuts_from_shar(entry["shar_path"])
     else:
-        cuts = blend_sources(entry["input_cfg"], sample_rate, seed, where=f"{where}.input_cfg")
+        cuts = blend_sources(entry["input_cfg"], sample_rate, seed, where=f"{where}.input_cfg",
+                             skip_bad_lines=skip_bad_lines)  # fmt: skip
     tags = dict(entry.get("tags") or {})
     if tags:
         cuts = cuts.map(functools.partial(_with_tags, tags=tags))
@@ -198,7 +224,13 @@ def _with_tags(cut: Any, tags: dict[str, Any]) -> Any:
     return cut
 
 
-def blend_sources(sources: list[Any], sample_rate: int, seed: int = 0, where: str = "input_cfg") -> Any:
+def blend_sources(
+    sources: list[Any],
+    sample_rate: int,
+    seed: int = 0,
+    where: str = "input_cfg",
+    skip_bad_lines: int = DEFAULT_SKIP_BAD_LINES,
+) -> Any:
     """Mix the sources of an ``input_cfg`` list by their ``weight`` (default 1; groups nest, weights multiply).
 
     Each source is ``{type: nemo|lhotse|lhotse_shar|group, <its path key>, weight, tags, repeat}``; ``tags`` become
@@ -217,7 +249,7 @@ def blend_sources(sources: list[Any], sample_rate: int, seed: int = 0, where: st
         weight = float(dict(entry).get("weight", 1.0))
         if weight <= 0:
             raise ValueError(f"{where}[{index}].weight must be positive, got {weight}.")
-        parts.append(_source(entry, sample_rate, seed, f"{where}[{index}]"))
+        parts.append(_source(entry, sample_rate, seed, f"{where}[{index}]", skip_bad_lines))
         weights.append(weight)
     return parts[0] if len(parts) == 1 else CutSet.mux(*parts, weights=weights, seed=seed)
 
@@ -225,16 +257,15 @@ def blend_sources(sources: list[Any], sample_rate: int, seed: int = 0, where: st
 def read_cuts(cfg: LoaderConfig, tokenizer: Any = None) -> Any:
     """All inputs of ``cfg`` as one lazy CutSet, filtered by duration and by tokens per second (which needs
     ``tokenizer``). NeMo tarred data is read by :func:`read_tarred_cuts` instead (it is split by rank)."""
-    from lhotse import CutSet
 
     if cfg.is_tarred or _names_tarred(cfg.input_cfg):
         raise ValueError("NeMo tarred data is read per data-parallel rank: use read_tarred_cuts.")
-    parts = [cuts_from_nemo_manifest(p, cfg.sample_rate) for p in _as_list(cfg.manifest_filepath)]
+    parts = [cuts_from_nemo_manifest(p, cfg.sample_rate, cfg.skip_bad_lines) for p in _as_list(cfg.manifest_filepath)]
     parts += [cuts_from_lhotse_manifest(p) for p in _as_list(cfg.cuts_path)]
     if cfg.shar_path:
-        parts.append(CutSet.from_shar(in_dir=cfg.shar_path))
+        parts.append(cuts_from_shar(cfg.shar_path))
     if cfg.input_cfg:
-        parts.append(blend_sources(cfg.input_cfg, cfg.sample_rate, cfg.seed))
+        parts.append(blend_sources(cfg.input_cfg, cfg.sample_rate, cfg.seed, skip_bad_lines=cfg.skip_bad_lines))
     if not parts:
         raise ValueError("The dataset config names no data: set manifest_filepath, cuts_path or shar_path.")
     return _filtered(_chain(parts), cfg, tokenizer)
@@ -267,6 +298,7 @@ def read_tarred_cuts(
         reader = LazyNeMoTarredIterator(
             expand_paths(manifests, f"{where}manifest_filepath"), expand_paths(tars, f"{where}tarred_audio_filepaths"),
             cfg.sample_rate, dp_rank, dp_world_size, seed=cfg.seed, shuffle_shards=cfg.shuffle,
+            max_member_bytes=cfg.max_tar_member_bytes, skip_bad_lines=cfg.skip_bad_lines,
         )  # fmt: skip
         readers.append(reader)
         return CutSet(reader)
@@ -372,6 +404,8 @@ class _CutFilter:
         self.dropped, self.seen = {}, 0
 
     def __call__(self, cut: Any) -> bool:
+        if unusable_reason(cut) is not None:
+            return True  # a placeholder for a bad entry: the dataset counts it (see speechtrain.data.audio_text)
         self.seen += 1
         if self.min_duration is not None and cut.duration < self.min_duration:
             return self._drop("too_short")
@@ -534,6 +568,42 @@ class ResumableSampler:
                 return
 
 
+class EvaluationSampler:
+    """A validation or test set split by utterance: data-parallel rank ``r`` batches the utterances ``r``,
+    ``r + W``, ``r + 2W``, ... of the set (in order, with the set's batching), so that every utterance is decoded
+    exactly once whatever the data-parallel size ``W``. lhotse's own sharding draws ``W`` batches per step and, at the
+    end of a set, hands the last group out again (utterances repeat when fewer remain than ranks). Every rank
+    yields as many batches as the rank with the most (each rank batches every share from the metadata to count
+    them, no collective), the others padding with empty batches, which the models and the bridge step through with
+    the same collectives as a full one."""
+
+    def __init__(self, cuts: Any, cfg: LoaderConfig, dp_rank: int, dp_world_size: int, constraint: Any = None) -> None:
+        from lhotse import CutSet
+
+        every = list(cuts)
+        shares = [CutSet([c for c in every[r::dp_world_size]]) for r in range(dp_world_size)]
+        samplers = [build_sampler(share, cfg, 0, 1, constraint) for share in shares]
+        counts = [sum(1 for _ in sampler) for sampler in samplers]
+        self.sampler, self.batches, self.epoch = samplers[dp_rank], max(counts), 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+        self.sampler.set_epoch(epoch)
+
+    def __len__(self) -> int:
+        return self.batches
+
+    def __iter__(self) -> Any:
+        from lhotse import CutSet
+
+        done = 0
+        for batch in iter(self.sampler):
+            done += 1
+            yield CutBatch(batch, self.epoch)
+        for _ in range(self.batches - done):
+            yield CutBatch(CutSet([]), self.epoch)
+
+
 class StreamSampler:
     """The sampler of data without epochs (NeMo tarred): one endless, seeded stream of batches per rank, cut into
     Lightning epochs of ``epoch_batches`` batches (``trainer.limit_train_batches``).
@@ -603,6 +673,7 @@ def get_lhotse_dataloader_from_config(
     cuts: Any = None,
     constraint: Any = None,
     epoch_batches: int | None = None,
+    evaluation: bool = False,
 ) -> DataLoader:
     """The dataloader for one dataset node (see module docstring).
 
@@ -615,6 +686,8 @@ def get_lhotse_dataloader_from_config(
         cuts: cuts to read instead of those ``cfg`` names (a caller that adds its own sources).
         constraint: a lhotse sampling constraint in other units than seconds (see :func:`build_sampler`).
         epoch_batches: batches per epoch of data without epochs (NeMo tarred; ``trainer.limit_train_batches``).
+        evaluation: a validation or test set: split by utterance, each decoded exactly once at any data-parallel
+            size (:class:`EvaluationSampler`).
     """
     if not isinstance(cfg, LoaderConfig):
         cfg = loader_config(cfg)
@@ -627,7 +700,10 @@ def get_lhotse_dataloader_from_config(
     else:
         if cuts is None:
             cuts = read_cuts(cfg, tokenizer=tokenizer)
-        sampler = ResumableSampler(build_sampler(cuts, cfg, dp_rank, dp_world_size, constraint))
+        if evaluation and dp_world_size > 1:
+            sampler = EvaluationSampler(cuts, cfg, dp_rank, dp_world_size, constraint)
+        else:
+            sampler = ResumableSampler(build_sampler(cuts, cfg, dp_rank, dp_world_size, constraint))
     # Its own generator: starting an epoch's iterator must not draw from the global RNG, or a run resumed
     # mid-epoch (which starts one more iterator) would see different dropout than the uninterrupted run.
     return DataLoader(

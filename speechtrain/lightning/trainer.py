@@ -205,10 +205,28 @@ class Trainer(pl.Trainer):
         self.callbacks.append(_StoreTrainerConfig())
 
     def fit(self, model: pl.LightningModule, *args: Any, **kwargs: Any) -> None:
-        """Lightning's ``fit``; checkpoints are resumed with ``weights_only=True`` unless asked otherwise."""
+        """Lightning's ``fit``; checkpoints are resumed with ``weights_only=True`` unless asked otherwise. The model
+        is back on the run's device afterwards (:meth:`_back_on_device`)."""
         CallbackGroup.get_instance().update_config(trainer=self, model=model)
         kwargs.setdefault("weights_only", True)
-        return super().fit(model, *args, **kwargs)
+        result = super().fit(model, *args, **kwargs)
+        self._back_on_device(model)
+        return result
+
+    def validate(self, model: pl.LightningModule | None = None, *args: Any, **kwargs: Any) -> Any:
+        """Lightning's ``validate``, the model back on the run's device afterwards (:meth:`_back_on_device`)."""
+        result = super().validate(model, *args, **kwargs)
+        self._back_on_device(model if model is not None else self.lightning_module)
+        return result
+
+    def _back_on_device(self, model: Any) -> None:
+        """Lightning's teardown moves the module to the CPU at the end of ``fit`` and ``validate``. What the scripts
+        do next (the closing report's decodes, with their tensor-parallel collectives; SALM's evaluation; the
+        Hugging Face export) runs on the device the run trained on: under NCCL, CPU tensors cannot enter a
+        collective."""
+        device = self.strategy.root_device
+        if isinstance(model, torch.nn.Module) and device.type != "cpu":
+            model.to(device)
 
     def to_config(self) -> dict[str, Any]:
         """The constructor arguments as plain, YAML-safe data (see class docstring)."""

@@ -599,7 +599,7 @@ class SALMModel(SpeechModel):
         if stage == "fit":
             self._train_loader = self._build_loader(self.cfg.train_ds)
         if stage in ("fit", "validate"):
-            loader = self._build_loader(self.cfg.validation_ds)
+            loader = self._build_loader(self.cfg.validation_ds, evaluation=True)
             self._val_loaders = [loader] if loader is not None else []
 
     def dataset(self, ds_cfg: SalmLoaderConfig) -> SalmDataset:
@@ -609,7 +609,7 @@ class SALMModel(SpeechModel):
             system_prompt=self.cfg.system_prompt, max_tokens=self.cfg.max_tokens,
         )  # fmt: skip
 
-    def _build_loader(self, ds_node: Any) -> DataLoader | None:
+    def _build_loader(self, ds_node: Any, evaluation: bool = False) -> DataLoader | None:
         from lhotse import CutSet
 
         from speechtrain.corpora.builtin import resolve_manifest
@@ -632,7 +632,7 @@ class SALMModel(SpeechModel):
         cuts = parts[0] if len(parts) == 1 else CutSet.from_cuts(c for part in parts for c in part)
         return get_lhotse_dataloader_from_config(
             cfg, parallel_state.data_parallel_rank(), parallel_state.data_parallel_world_size(), dataset,
-            cuts=cuts, constraint=total_length_constraint(cfg, self.frame_seconds),
+            cuts=cuts, constraint=total_length_constraint(cfg, self.frame_seconds), evaluation=evaluation,
         )  # fmt: skip
 
 

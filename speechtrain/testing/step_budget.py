@@ -317,3 +317,41 @@ def summarise(ranks: list[list[dict[str, Any]]], skip: int = 2) -> dict[str, Any
         "collective_sequences": sorted(list(k) for k in kinds),
         "max_ops_per_step": max((step["ops"] for s in kept for step in s), default=0),
     }
+
+
+class CudaSyncErrors(pl.Callback):
+    """On a GPU: every training step after the first ``skip`` runs under ``torch.cuda.set_sync_debug_mode("error")``,
+    so any host synchronisation raises, except inside Megatron's gradient norm (the step's one allowed sync)."""
+
+    def __init__(self, skip: int = 2) -> None:
+        self.skip = skip
+        self._norm: Any = None
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        from megatron.core.optimizer import clip_grads
+
+        original = self._norm = clip_grads.get_grad_norm_fp32
+
+        def allowed(*args: Any, **kwargs: Any) -> Any:
+            mode = torch.cuda.get_sync_debug_mode()
+            torch.cuda.set_sync_debug_mode(0)
+            try:
+                return original(*args, **kwargs)
+            finally:
+                torch.cuda.set_sync_debug_mode(mode)
+
+        clip_grads.get_grad_norm_fp32 = allowed
+
+    def on_train_batch_start(self, trainer: pl.Trainer, *args: Any) -> None:
+        if trainer.global_step >= self.skip:
+            torch.cuda.set_sync_debug_mode("error")
+
+    def on_train_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
+        torch.cuda.set_sync_debug_mode(0)
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        from megatron.core.optimizer import clip_grads
+
+        torch.cuda.set_sync_debug_mode(0)
+        if self._norm is not None:
+            clip_grads.get_grad_norm_fp32 = self._norm

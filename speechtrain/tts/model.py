@@ -492,10 +492,10 @@ class TTSModel(SpeechModel):
         if stage == "fit":
             self._train_loader = self._build_loader(self.cfg.train_ds, self.cfg.train_ds.manifest_filepath)
         if stage in ("fit", "validate"):
-            loader = self._build_loader(self.cfg.validation_ds, self.cfg.validation_ds.manifest_filepath)
+            loader = self._build_loader(self.cfg.validation_ds, self.cfg.validation_ds.manifest_filepath, True)
             self._val_loaders = [loader] if loader is not None else []
 
-    def _build_loader(self, ds_cfg: Any, manifests: Any) -> DataLoader | None:
+    def _build_loader(self, ds_cfg: Any, manifests: Any, evaluation: bool = False) -> DataLoader | None:
         from speechtrain.corpora.builtin import resolve_manifest
 
         if not manifests:
@@ -508,8 +508,9 @@ class TTSModel(SpeechModel):
         dataset = TtsCutDataset.from_config(_TextEncoder(self.text_frontend, self.cfg.max_text_tokens), cfg,
                                             speakers=speakers)  # fmt: skip
         return get_lhotse_dataloader_from_config(
-            cfg, parallel_state.data_parallel_rank(), parallel_state.data_parallel_world_size(), dataset
-        )
+            cfg, parallel_state.data_parallel_rank(), parallel_state.data_parallel_world_size(), dataset,
+            evaluation=evaluation,
+        )  # fmt: skip
 
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
         """Shows training speed and the time left (:meth:`log_training_speed`), and the prior's strength."""

@@ -165,3 +165,21 @@ def test_input_cfg_repeat_reads_a_source_n_times_with_new_ids_and_weights_by_cut
     for bad in (0, 1.5, True):
         with pytest.raises(ValueError, match=r"input_cfg\[0\].repeat must be a whole number"):
             read_cuts(LoaderConfig(input_cfg=[{"manifest_filepath": str(a), "repeat": bad}]))
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_a_validation_set_is_decoded_exactly_once_at_any_data_parallel_size(tmp_path, world):
+    """23 utterances (a multiple of neither 2 nor 3) in batches of 7: the ranks' shares together hold each
+    utterance once, and every rank steps through the same number of batches (the short ones pad with empty
+    batches), whatever lhotse's own sharding would repeat at the end of the set."""
+    manifest = make_dtmf_corpus(tmp_path / "dtmf", 23, seed=3)
+    cfg = {"manifest_filepath": str(manifest), "batch_size": 7, "shuffle": False, "use_bucketing": False}
+    dataset = AsrCutDataset(CharTokenizer([" ", *"0123456789"]))
+    seen, lengths = [], set()
+    for rank in range(world):
+        loader = get_lhotse_dataloader_from_config(cfg, rank, world, dataset, evaluation=True)
+        batches = list(loader)
+        lengths.add(len(batches))
+        seen += [utterance for batch in batches for utterance in batch["ids"]]
+    assert len(seen) == 23 and len(set(seen)) == 23, sorted(seen)  # (lhotse alone: 24 at DP=3, one repeated)
+    assert len(lengths) == 1

@@ -1,5 +1,6 @@
 import datetime
 import logging
+import time
 
 import lightning.pytorch as pl
 import pytest
@@ -239,3 +240,45 @@ def test_from_checkpoint_without_a_trainer_config_raises(tmp_path):
     torch.save({"state_dict": {}, "global_step": 0}, path)
     with pytest.raises(KeyError, match="holds no trainer config"):
         Trainer.from_checkpoint(path)
+
+
+def test_after_fit_and_validate_the_model_is_back_on_the_runs_device(tmp_path, monkeypatch):
+    """Lightning's teardown leaves the module on the CPU; the closing report, SALM's evaluation and the HF export
+    run after fit on the device the run trained on (a GPU run: its tensor-parallel collectives need CUDA tensors).
+    Here the strategy's device is made to look like a GPU and the model's last move is recorded."""
+    model = TinyRegression()
+    moves = []
+    real_to = model.to
+
+    def to(*args, **kwargs):
+        moves.append(str(args[0] if args else kwargs.get("device")))
+        return real_to(*args, **kwargs) if moves[-1] == "cpu" else model
+
+    monkeypatch.setattr(model, "to", to)
+    lightning_fit = pl.Trainer.fit
+
+    def fit_then_look_like_a_gpu_run(self, *args, **kwargs):
+        result = lightning_fit(self, *args, **kwargs)
+        monkeypatch.setattr(type(self.strategy), "root_device", property(lambda _: torch.device("cuda", 0)))
+        return result
+
+    monkeypatch.setattr(pl.Trainer, "fit", fit_then_look_like_a_gpu_run)
+    Trainer(accelerator="cpu", devices=1, max_steps=2, default_root_dir=tmp_path, **_QUIET).fit(model)
+    assert moves[-1] == "cuda:0"
+
+
+def test_the_wall_clock_limit_stops_at_the_next_agreement(tmp_path):
+    """trainer.max_time is checked with the other periodic rank agreements (every 10 steps in a multi-process run,
+    every step alone: no reduction is needed), not with a broadcast every batch."""
+    from speechtrain.lightning.limits import WallClockLimit
+
+    class Slow(TinyRegression):
+        def training_step(self, batch, batch_idx):
+            time.sleep(0.02)
+            return super().training_step(batch, batch_idx)
+
+    trainer = Trainer(accelerator="cpu", devices=1, max_steps=1000, max_time={"seconds": 0.3}, max_epochs=-1,
+                      default_root_dir=tmp_path, **_QUIET)  # fmt: skip
+    assert any(isinstance(cb, WallClockLimit) for cb in trainer.callbacks)
+    trainer.fit(Slow())
+    assert 10 <= trainer.global_step < 100, trainer.global_step  # about 0.3 s of 20 ms steps
