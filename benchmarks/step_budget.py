@@ -174,12 +174,9 @@ def main(argv: list[str] | None = None) -> None:
         for r in results:
             layout = f"tp{r['tp']}_dp{r['dp']}"
             command = f"python benchmarks/step_budget.py --family {r['family']} --tp {r['tp']}"
-            append(f"step_budget.{r['family']}.{layout}.host_syncs", r["max_syncs_per_step"], "per step", command,
-                   file="step_budget")  # fmt: skip
-            append(f"step_budget.{r['family']}.{layout}.collectives", r["collectives_per_step"], "per step", command,
-                   file="step_budget")  # fmt: skip
-            append(f"step_budget.{r['family']}.{layout}.operators", r["max_ops_per_step"], "per step", command,
-                   file="step_budget")  # fmt: skip
+            for name, key in (("host_syncs", "syncs_per_step"), ("collectives", "collectives_per_step"),
+                              ("operators", "max_ops_per_step")):  # fmt: skip
+                append(f"step_budget.{r['family']}.{layout}.{name}", r[key], "per step", command)
 
 
 if __name__ == "__main__":

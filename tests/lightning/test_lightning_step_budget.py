@@ -1,8 +1,10 @@
-"""The step budget (docs/bridge.md): one host synchronisation per optimizer step (the gradient norm), the same
-collectives on every rank, counted on CPU processes exactly as they would be made on GPUs
+"""The step budget (docs/bridge.md): one host synchronisation per optimizer step (the gradient norm) and one every
+10 steps (the ranks' agreement on time limit and preemption), the same collectives on every rank, counted on CPU
+processes exactly as they would be made on GPUs
 (:mod:`speechtrain.testing.step_budget`, ``benchmarks/step_budget.py``). A test here fails when a step gains a sync
 or a collective that depends on the data."""
 
+import re
 import sys
 from pathlib import Path
 
@@ -83,11 +85,14 @@ def test_a_training_step_waits_on_the_host_once_and_agrees_on_its_collectives(fa
     norm that clipping and the non-finite guard read), every rank the same collectives at every step."""
     from step_budget import measure
 
-    result = measure(family, tp=1, devices=2, steps=8, skip=2)
-    assert result["max_syncs_per_step"] <= 1, result["sync_places"]
-    assert list(result["sync_places"]) == ["item at megatron/core/optimizer/clip_grads.py:133"]
+    result = measure(family, tp=1, devices=2, steps=12, skip=2)
+    places = {re.sub(r":\d+$", "", place): count for place, count in result["sync_places"].items()}
+    allowed = {"item at megatron/core/optimizer/clip_grads.py": 1.0,  # the gradient norm, every step
+               "tolist at speechtrain/lightning/limits.py": 0.1}  # the ranks' agreement, every 10 steps  # fmt: skip
+    assert places == allowed, result["sync_places"]
+    assert result["syncs_per_step"] <= 1.1 and result["max_syncs_per_step"] <= 2
     assert result["same_collectives_on_every_rank"], result["collective_sequences"]
-    assert len(result["collective_sequences"]) == 1, result["collective_sequences"]
+    assert len(result["collective_sequences"]) == 2, result["collective_sequences"]  # with and without the agreement
 
 
 @pytest.mark.slow
@@ -96,6 +101,6 @@ def test_a_training_step_waits_on_the_host_once_and_agrees_on_its_collectives(fa
 def test_the_other_families_and_tensor_parallelism_keep_the_budget(family, tp):
     from step_budget import measure
 
-    result = measure(family, tp=tp, devices=2 * tp, steps=8, skip=2)
-    assert result["max_syncs_per_step"] <= 1, result["sync_places"]
+    result = measure(family, tp=tp, devices=2 * tp, steps=12, skip=2)
+    assert result["syncs_per_step"] <= 1.1 and result["max_syncs_per_step"] <= 2, result["sync_places"]
     assert result["same_collectives_on_every_rank"], result["collective_sequences"]
