@@ -10,7 +10,9 @@ Layout (an uncompressed tar, readable with ``tar -tf``)::
 
 Archives are written to a temporary name next to the target and renamed, so a crash never leaves a half-written
 file under the final name. Reading verifies every member's size and checksum, refuses links, absolute paths and
-``..`` components, and names the archive and the problem when anything is off.
+``..`` components, reads in bounded memory (:func:`read_tar`: ``SPEECHTRAIN_MAX_ARCHIVE_BYTES`` decompressed bytes
+per archive, default 64 GiB, and ``SPEECHTRAIN_MAX_ARCHIVE_MEMBER_BYTES`` per member, default 32 GiB), and names the
+archive and the problem when anything is off.
 """
 
 import hashlib
@@ -38,7 +40,12 @@ WEIGHTS = "model_weights.safetensors"
 TRAINER_CONFIG = "trainer_config.yaml"
 ARTIFACT_DIR = "artifacts"
 ARTIFACT_PREFIX = "stm:"
-MAX_MEMBER_BYTES = 64 * 2**30
+# Bounds on what one archive (.stm, .nemo) may hold once decompressed, read from the environment when an archive is
+# opened: a decompression bomb is refused by name before it fills memory (a real archive holds a model's weights).
+MAX_ARCHIVE_BYTES_ENV = "SPEECHTRAIN_MAX_ARCHIVE_BYTES"
+MAX_ARCHIVE_MEMBER_BYTES_ENV = "SPEECHTRAIN_MAX_ARCHIVE_MEMBER_BYTES"
+DEFAULT_MAX_ARCHIVE_BYTES = 64 * 2**30
+DEFAULT_MAX_ARCHIVE_MEMBER_BYTES = 32 * 2**30
 
 
 class ArchiveError(ValueError):
@@ -160,8 +167,14 @@ def _safe_member_name(archive: Path, name: str) -> str:
     return str(pure)
 
 
+def _archive_member(path: Path, info: tarfile.TarInfo) -> str:
+    name = _safe_member_name(path, info.name)
+    if not info.isfile():
+        raise ArchiveError(f"{path}: refusing member {name!r}: only regular files are allowed.")
+    return name
+
+
 def _read_members(path: Path) -> dict[str, bytes]:
-    members: dict[str, bytes] = {}
     with open(path, "rb") as head:
         is_zip = head.read(4) == b"PK\x03\x04"
     if is_zip:  # torch.save's format: a Lightning .ckpt, or a bare state dict
@@ -171,18 +184,100 @@ def _read_members(path: Path) -> dict[str, bytes]:
             "checkpoint: examples/asr_finetune.py init_from.path=<the .ckpt> reads the model config from its run "
             "folder (a training script's init_from.path also takes a .ckpt: its weights over the YAML's model)."
         )
+    return read_tar(path, _archive_member)
+
+
+def byte_limit(variable: str, default: int) -> int:
+    """A byte count from the environment variable ``variable`` (``default`` when unset).
+
+    Raises:
+        ValueError: the value is not a whole number > 0.
+    """
+    value = os.environ.get(variable)
+    if value is None:
+        return default
+    if not value.strip().isdigit() or int(value) <= 0:
+        raise ValueError(f"{variable}={value!r}: expected a number of bytes > 0.")
+    return int(value)
+
+
+class _CountingReader:
+    """A decompressed byte stream that stops with an :class:`ArchiveError` past ``limit`` bytes (headers count:
+    tarfile reads long-name and pax headers whole)."""
+
+    def __init__(self, raw: Any, path: Path, limit: int, error: type[ArchiveError]) -> None:
+        self.raw, self.path, self.limit, self.error, self.count = raw, path, limit, error, 0
+
+    def read(self, size: int = -1) -> bytes:
+        data = self.raw.read(self.limit + 1 - self.count if size is None or size < 0 else size)
+        self.count += len(data)
+        if self.count > self.limit:
+            raise self.error(
+                f"{self.path}: more than {self.limit} bytes once decompressed, over the limit per archive "
+                f"({MAX_ARCHIVE_BYTES_ENV}); refused (a decompression bomb?)."
+            )
+        return data
+
+
+def _decompressed(path: Path) -> Any:
+    """``path`` opened for reading, through gzip, bz2 or xz when its first bytes say so."""
+    import bz2
+    import gzip
+    import lzma
+
+    with open(path, "rb") as f:
+        magic = f.read(6)
+    if magic.startswith(b"\x1f\x8b"):
+        return gzip.open(path, "rb")
+    if magic.startswith(b"BZh"):
+        return bz2.open(path, "rb")
+    if magic.startswith(b"\xfd7zXZ\x00"):
+        return lzma.open(path, "rb")
+    return open(path, "rb")  # noqa: SIM115 - closed by read_tar
+
+
+def read_tar(
+    path: Path,
+    member_name: Callable[[Path, tarfile.TarInfo], str | None],
+    error: type[ArchiveError] = ArchiveError,
+) -> dict[str, bytes]:
+    """Every member of the tar ``path`` (plain, gzip, bz2 or xz) that ``member_name`` names (None: skip it; it
+    raises for a member to refuse), read in one sequential pass in bounded memory: a member over
+    ``SPEECHTRAIN_MAX_ARCHIVE_MEMBER_BYTES`` or more than ``SPEECHTRAIN_MAX_ARCHIVE_BYTES`` decompressed bytes in
+    all is refused before it is read.
+
+    Raises:
+        ArchiveError (of class ``error``): a refused member, a limit passed, or a truncated or corrupt file.
+    """
+    import lzma
+    import zlib
+
+    max_total = byte_limit(MAX_ARCHIVE_BYTES_ENV, DEFAULT_MAX_ARCHIVE_BYTES)
+    max_member = byte_limit(MAX_ARCHIVE_MEMBER_BYTES_ENV, DEFAULT_MAX_ARCHIVE_MEMBER_BYTES)
+    members: dict[str, bytes] = {}
+    declared = 0
     try:
-        with tarfile.open(path, mode="r:") as tar:
+        with _decompressed(path) as raw, tarfile.open(fileobj=_CountingReader(raw, path, max_total, error),
+                                                      mode="r|") as tar:  # fmt: skip
             for info in tar:
-                name = _safe_member_name(path, info.name)
-                if not info.isfile():
-                    raise ArchiveError(f"{path}: refusing member {name!r}: only regular files are allowed.")
-                if info.size > MAX_MEMBER_BYTES:
-                    raise ArchiveError(f"{path}: member {name!r} is implausibly large ({info.size} bytes).")
+                name = member_name(path, info)
+                if name is None:
+                    continue
+                if info.size > max_member:
+                    raise error(
+                        f"{path}: member {name!r} holds {info.size} bytes, over the limit of {max_member} bytes per "
+                        f"member ({MAX_ARCHIVE_MEMBER_BYTES_ENV}); refused."
+                    )
+                declared += info.size
+                if declared > max_total:
+                    raise error(
+                        f"{path}: more than {max_total} bytes once decompressed, over the limit per archive "
+                        f"({MAX_ARCHIVE_BYTES_ENV}); refused at member {name!r}."
+                    )
                 handle = tar.extractfile(info)
                 members[name] = handle.read() if handle is not None else b""
-    except (tarfile.TarError, EOFError) as error:
-        raise ArchiveError(f"{path} is not a readable speechtrain archive (corrupt or truncated?): {error}") from error
+    except (tarfile.TarError, EOFError, zlib.error, lzma.LZMAError, OSError) as cause:
+        raise error(f"{path} is not a readable archive (corrupt or truncated?): {cause}") from None
     return members
 
 

@@ -14,6 +14,7 @@
 
 import csv
 import datetime
+import itertools
 import logging
 import os
 import shutil
@@ -29,7 +30,7 @@ from lightning.pytorch.loggers.logger import rank_zero_experiment
 from omegaconf import DictConfig, OmegaConf
 
 from speechtrain.common.config import validate_config
-from speechtrain.lightning import CallbackGroup, TelemetryCallback
+from speechtrain.lightning import CallbackGroup, TelemetryCallback, checkpoint
 from speechtrain.lightning.ema import EMA, EMAConfig
 from speechtrain.lightning.fault_tolerance import PreemptionCallback, was_preempted
 from speechtrain.lightning.launch import VERSION_ENV, is_global_rank_zero, job_version, shared_name
@@ -235,19 +236,72 @@ def _require(module: str, key: str) -> None:
 
 
 def _new_version(run_root: Path) -> str:
-    """A timestamp folder name not yet used under ``run_root``."""
+    """A timestamp folder under ``run_root``, created here: ``mkdir`` without ``exist_ok``, the next suffix
+    (``_1``, ``_2``, ...) when the name is taken, so that two runs started in the same second get two folders."""
     stamp = datetime.datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
-    version, count = stamp, 0
-    while (run_root / version).exists():
-        count += 1
-        version = f"{stamp}_{count}"
-    return version
+    _remember_new_folder(run_root / stamp)  # the topmost folder this creates (removed if the job fails at start)
+    created = list(_NEW_RUN_FOLDER)
+    run_root.mkdir(parents=True, exist_ok=True)
+    for count in itertools.count():
+        version = f"{stamp}_{count}" if count else stamp
+        try:
+            (run_root / version).mkdir()
+        except FileExistsError:
+            continue
+        if not created or created[0] == run_root / stamp:
+            created = [run_root / version]
+        _NEW_RUN_FOLDER[:] = created
+        return version
+    raise AssertionError("unreachable")
 
 
-def find_last_checkpoint(run_root: Path) -> Path | None:
-    """The newest ``*last.ckpt`` under ``run_root/<version>/checkpoints``."""
-    candidates = list(run_root.glob("*/checkpoints/*last.ckpt")) if run_root.is_dir() else []
-    return max(candidates, key=lambda p: p.stat().st_mtime) if candidates else None
+def _has_checkpoints(folder: Path) -> bool:
+    return folder.is_dir() and any(p.name.endswith((".ckpt", ".ckpt.partial", ".ckpt.old")) for p in folder.iterdir())
+
+
+def _resumed_run(run_root: Path, version: str | None) -> Path | None:
+    """The run folder being resumed: ``version`` when given, else the version whose checkpoints were written last
+    (each save renames a file into its ``checkpoints`` folder)."""
+    if version is not None:
+        return run_root / version if _has_checkpoints(run_root / version / "checkpoints") else None
+    runs = [d for d in run_root.iterdir() if _has_checkpoints(d / "checkpoints")] if run_root.is_dir() else []
+    return max(runs, key=lambda d: ((d / "checkpoints").stat().st_mtime_ns, d.name)) if runs else None
+
+
+def find_last_checkpoint(run_root: Path, version: str | None = None, set_aside: bool = False) -> Path | None:
+    """The checkpoint to resume from, looked for in the run being resumed only (see :func:`_resumed_run`): its
+    ``*last.ckpt`` when it passes the integrity check, else the newest of its other checkpoints that does, with a
+    warning naming the one skipped and why. None when the run has no checkpoint. With ``set_aside`` (global rank 0
+    of the resuming run), a file that fails the check is renamed to ``<name>.corrupt``: kept for a look, and out of
+    the way of the run's next ``last`` checkpoint.
+
+    Raises:
+        ValueError: the run has checkpoints, but none of them is readable.
+    """
+    run = _resumed_run(run_root, version)
+    if run is None:
+        return None
+    folder = run / "checkpoints"
+    names = {p.name.removesuffix(checkpoint.PARTIAL).removesuffix(checkpoint.OLD) for p in folder.iterdir()}
+    paths = [p for name in names if name.endswith(".ckpt") for p in checkpoint.checkpoint_candidates(folder / name)]
+    # ``*last.ckpt`` first (the latest state), then the others, newest first.
+    paths.sort(key=lambda p: (not p.name.partition(".ckpt")[0].endswith("last"), -p.stat().st_mtime_ns, p.name))
+    refused = []
+    for path in paths:
+        try:
+            if path.is_file():
+                checkpoint.verify_file(path)
+        except (ValueError, OSError) as error:  # (OSError: set aside by rank 0 meanwhile)
+            refused.append(f"{path.name}: {error}")
+            if set_aside and isinstance(error, ValueError):
+                os.replace(path, path.with_name(path.name + ".corrupt"))
+                refused[-1] += f" (moved to {path.name}.corrupt)"
+            continue
+        if refused:
+            logger.warning("Not resuming from %s; resuming from the previous good checkpoint %s instead.",
+                           "; ".join(refused), path)  # fmt: skip
+        return path
+    raise ValueError(f"No readable checkpoint in {folder} to resume from: {'; '.join(refused) or 'none found'}.")
 
 
 def exp_manager(
@@ -280,28 +334,39 @@ def exp_manager(
         if not resume_path.exists():
             raise FileNotFoundError(f"exp_manager.resume_from_checkpoint: no checkpoint at {resume_path}.")
     elif cfg.resume_if_exists:
-        resume_path = find_last_checkpoint(run_root)
+        resume_path = find_last_checkpoint(run_root, cfg.version, set_aside=is_global_rank_zero())
         if resume_path is None and not cfg.resume_ignore_no_checkpoint:
             raise FileNotFoundError(
-                f"exp_manager.resume_if_exists=true, but there is no *last.ckpt under {run_root}/*/checkpoints. "
+                f"exp_manager.resume_if_exists=true, but there is no checkpoint under {run_root}/*/checkpoints. "
                 "Set exp_manager.resume_ignore_no_checkpoint=true to start a new run in that case."
             )
         if resume_path is not None:
             version = resume_path.parent.parent.name
+    made_here = False  # this process created the run folder (_new_version)
     if version is None:
-        # Ranks that Lightning launches later re-run the script and inherit VERSION_ENV; ranks that srun or
-        # torchrun start together derive the same name from the job.
+        # Ranks that Lightning launches later re-run the script and inherit VERSION_ENV; ranks that srun starts
+        # derive the same name from the job.
         inherited = None if is_global_rank_zero() else os.environ.get(VERSION_ENV)
         version = inherited or job_version()
         if version is None:
-            version = shared_name(run_root, lambda: _new_version(run_root))
-            if is_global_rank_zero():
+            # Global rank 0 creates the folder and hands its name to the other ranks through the launch's store.
+            version = shared_name(lambda: _new_version(run_root))
+            made_here = is_global_rank_zero()
+            if made_here:
                 os.environ[VERSION_ENV] = version
     log_dir = run_root / version
-    _remember_new_folder(log_dir)
+    if not made_here:
+        _remember_new_folder(log_dir)
     log_dir.mkdir(parents=True, exist_ok=True)
     if is_global_rank_zero():
         _attach_file_log(log_dir / "train.log")
+        leftovers = list(log_dir.glob(f".{name}.stm.*.tmp"))  # an archive write that was killed (write_archive)
+        for leftover in leftovers:
+            leftover.unlink(missing_ok=True)
+        if (log_dir / "checkpoints").is_dir():
+            leftovers += checkpoint.clean_leftovers(log_dir / "checkpoints")
+        for leftover in leftovers:
+            logger.info("Removed %s, left by a save that was interrupted.", leftover)
 
     loggers: list = []
     if cfg.create_tensorboard_logger:

@@ -610,7 +610,7 @@ class SpeechModel(pl.LightningModule):
             return False
         # The batch's audio in seconds from the collator (host-side metadata): reading it from the device's length
         # tensor would wait for the step.
-        seconds = float(batch.get("audio_seconds", 0.0))
+        seconds = float(batch.get("audio_seconds", 0.0)) if isinstance(batch, dict) else 0.0
         speed = seconds * parallel_state.data_parallel_world_size() / max(now - last, 1e-9)
         self._speed = speed if getattr(self, "_speed", None) is None else 0.9 * self._speed + 0.1 * speed
         if not logs_this_step(self._trainer):

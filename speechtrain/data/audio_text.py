@@ -4,6 +4,11 @@ Audio stored at another sample rate is resampled on the fly (or, with ``resample
 ``wrong_sample_rate``). Bad utterances (missing or unreadable audio, empty or non-finite audio, empty or
 untokenizable transcript) do not stop training: ``__getitem__`` returns None, counts the reason in
 ``skipped`` and logs one warning per reason per process; :func:`collate_audio_text` drops them.
+
+Files from strangers are read defensively: a lhotse cut whose audio would come from anything but a file or memory
+(lhotse runs a ``command`` source through a shell and fetches a ``url``) is refused before any audio is read
+(:func:`check_audio_sources`), and audio much longer than its manifest says is read only up to the stated duration
+(counted as ``longer_than_manifest``).
 """
 
 import logging
@@ -31,9 +36,79 @@ SKIP_REASONS = (
     "empty_audio",
     "non_finite_audio",
 )
+# Reasons the readers of lazy manifests and NeMo tarred shards put on the entries they could not use (see
+# :func:`unusable_cut`).
+UNUSABLE_ENTRY_REASONS = ("bad_manifest_line", "missing_audio", "oversized_audio", "unreadable_audio")
+# Utterances used, but read only in part: counted beside the skips.
+PARTLY_READ_REASONS = ("longer_than_manifest",)
+
+# Where lhotse may read a cut's audio from: a local file, or bytes already in memory (lhotse Shar and NeMo tarred
+# shards deliver their audio so; ``shar`` is Shar's placeholder for them). lhotse would also run a ``command``
+# source through a shell and fetch a ``url``: a cuts file from elsewhere must never do either.
+ALLOWED_AUDIO_SOURCES = ("file", "memory", "shar")
+
+# The custom field of a cut that stands for an entry that could not be used (a bad manifest line, a tar member that
+# is missing, too large or corrupt): ``[reason, detail]``. Datasets count it as a skipped utterance.
+UNUSABLE_FIELD = "speechtrain_unusable"
 
 # Reasons already warned about in this process: a corrupt corpus should not flood the log.
 _warned_reasons: set[str] = set()
+
+
+class UnsafeAudioSourceError(ValueError):
+    """A cut whose audio would be read by running a command or fetching a URL: refused, never read."""
+
+
+def _recordings(cut: Any) -> Any:
+    """(cut ID, recording) of every recording whose audio reading ``cut`` could trigger: its own, its tracks' (a
+    mix), custom ones."""
+    tracks = getattr(cut, "tracks", None)
+    if tracks is not None:
+        for track in tracks:
+            yield from _recordings(track.cut)
+        return
+    if getattr(cut, "recording", None) is not None:
+        yield cut.id, cut.recording
+    from lhotse import Recording
+
+    custom = (getattr(cut, "custom", None) or {}).values()
+    yield from ((cut.id, value) for value in custom if isinstance(value, Recording))
+
+
+def check_audio_sources(cut: Any) -> Any:
+    """Return ``cut`` when all its audio comes from files or memory (:data:`ALLOWED_AUDIO_SOURCES`).
+
+    Raises:
+        UnsafeAudioSourceError: naming the cut and the source type (``command``, ``url``, ...), before any audio
+            of it is read.
+    """
+    for owner, recording in _recordings(cut):
+        for source in recording.sources:
+            if source.type not in ALLOWED_AUDIO_SOURCES:
+                which = repr(cut.id) if owner == cut.id else f"{cut.id!r} (its track {owner!r})"
+                raise UnsafeAudioSourceError(
+                    f"cut {which}: its audio source is of type {source.type!r} ({str(source.source)[:80]!r}); "
+                    f"speechtrain reads audio only from {', '.join(ALLOWED_AUDIO_SOURCES)} sources and never runs "
+                    "a command or fetches a URL named in a data file. Refused."
+                )
+    return cut
+
+
+def unusable_cut(cut_id: str, reason: str, detail: str, duration: float = 0.0) -> Any:
+    """A cut without audio that stands for an entry the reader could not use (``reason`` from
+    :data:`UNUSABLE_ENTRY_REASONS`, ``detail`` naming the file and the problem): datasets count it like a bad
+    file."""
+    from lhotse.cut import MonoCut
+
+    assert reason in UNUSABLE_ENTRY_REASONS, reason
+    return MonoCut(id=cut_id, start=0.0, duration=duration, channel=0, custom={UNUSABLE_FIELD: [reason, detail]})
+
+
+def unusable_reason(cut: Any) -> tuple[str, str] | None:
+    """``(reason, detail)`` of a cut made by :func:`unusable_cut`, else None."""
+    custom = getattr(cut, "custom", None) or {}
+    value = custom.get(UNUSABLE_FIELD)
+    return (str(value[0]), str(value[1])) if value else None
 
 
 class TextEncoder(Protocol):
@@ -66,14 +141,19 @@ class SkipTally:
             self.add(reason, examples.get(reason, "?"), count)
 
     def take_summary(self) -> str | None:
-        """A line about the utterances skipped since the last call (None if there were none); counts restart."""
+        """A line about the utterances skipped (and read in part) since the last call (None if there were none);
+        counts restart."""
         if not self.counts:
             return None
-        parts = [f"{reason}={count} (e.g. {self.examples[reason]})" for reason, count in sorted(self.counts.items())]
-        line = f"skipped {sum(self.counts.values())} utterances: " + ", ".join(parts)
+        lines = []
+        for title, partly in (("skipped", False), ("read in part", True)):
+            counts = {r: c for r, c in sorted(self.counts.items()) if (r in PARTLY_READ_REASONS) == partly}
+            if counts:
+                parts = [f"{reason}={count} (e.g. {self.examples[reason]})" for reason, count in counts.items()]
+                lines.append(f"{title} {sum(counts.values())} utterances: " + ", ".join(parts))
         self.counts.clear()
         self.examples.clear()
-        return line
+        return "; ".join(lines)
 
 
 class UtteranceReader:
@@ -83,18 +163,26 @@ class UtteranceReader:
         tokenizer: Encodes transcripts; must raise ``ValueError`` on text it cannot encode.
         sample_rate: Expected sample rate in Hz.
         resample: Resample audio stored at another rate (True, the default); False skips such files.
+        duration_tolerance: Seconds by which a file read whole may exceed its manifest ``duration``; longer audio
+            is read only up to the stated duration and counted (``longer_than_manifest``).
 
     Attributes:
         tally: Bad utterances by reason (see ``SKIP_REASONS``) with example paths.
         last_skip: ``(reason, path)`` of the latest skipped utterance.
+        events: ``(reason, path)`` of every skip and partial read since the caller last cleared it (a dataset
+            reports a batch's).
     """
 
-    def __init__(self, tokenizer: TextEncoder, sample_rate: int, resample: bool = True) -> None:
+    def __init__(
+        self, tokenizer: TextEncoder, sample_rate: int, resample: bool = True, duration_tolerance: float = 1.0
+    ) -> None:
         self.tokenizer = tokenizer
         self.sample_rate = sample_rate
         self.resample = resample
+        self.duration_tolerance = duration_tolerance
         self.tally = SkipTally()
         self.last_skip: tuple[str, str] | None = None
+        self.events: list[tuple[str, str]] = []
 
     @property
     def skipped(self) -> Counter[str]:
@@ -112,7 +200,8 @@ class UtteranceReader:
         """Load the utterance of a manifest record (``audio_filepath``, ``offset``, ``duration``, ``text``; a ``text``
         of None reads the audio only).
 
-        ``offset > 0`` (or ``segment: True``) reads ``duration`` seconds from ``offset``; otherwise the whole file.
+        ``offset > 0`` (or ``segment: True``) reads ``duration`` seconds from ``offset``; otherwise the whole file,
+        but no more than ``duration`` seconds when the file is longer than that by over ``duration_tolerance``.
 
         Returns:
             ``{"id": str, "audio": FloatTensor (T,), "tokens": LongTensor (U,), "text": str}`` (no ``audio`` when
@@ -139,6 +228,10 @@ class UtteranceReader:
                 if record["offset"] > 0 or record.get("segment"):
                     f.seek(min(round(record["offset"] * rate), f.frames))
                     frames = round(record["duration"] * rate)
+                elif self._longer_than_stated(f.frames / rate, record.get("duration")):
+                    frames = round(record["duration"] * rate)  # the manifest's duration bounds what is read
+                    self.note("longer_than_manifest", path, f"the audio lasts {f.frames / rate:.1f} s, the manifest "
+                              f"says {record['duration']:.1f} s; read up to the manifest's duration")  # fmt: skip
                 if f.subtype == "PCM_16":  # 16-bit samples / 32768, as libsndfile scales them, but faster
                     audio = f.read(frames, dtype="int16", always_2d=True).astype(np.float32) * np.float32(1 / 32768)
                 else:
@@ -153,7 +246,16 @@ class UtteranceReader:
 
     def read_cut(self, cut: Any, load_audio: bool = True) -> dict[str, Any] | None:
         """Like :meth:`read` for a lhotse cut: file-backed cuts are read directly, others (Shar, in-memory) through
-        lhotse. The item's ``id`` is the cut's ID."""
+        lhotse. The item's ``id`` is the cut's ID.
+
+        Raises:
+            UnsafeAudioSourceError: the cut's audio would come from a command, a URL or any source but a file or
+                memory (nothing is read).
+        """
+        check_audio_sources(cut)
+        unusable = unusable_reason(cut)
+        if unusable is not None:
+            return self.skip(unusable[0], unusable[1], "the reader could not use this entry")
         text = " ".join(s.text or "" for s in cut.supervisions)
         source = cut.recording.sources[0] if cut.has_recording else None
         if source is not None and source.type == "file":
@@ -182,6 +284,9 @@ class UtteranceReader:
         item["audio"] = audio
         return item
 
+    def _longer_than_stated(self, seconds: float, duration: float | None) -> bool:
+        return duration is not None and seconds > duration + self.duration_tolerance
+
     def _encode(self, text: str, path: str) -> torch.Tensor | None:
         if not text.strip():
             return self.skip("empty_text", path, "the transcript is empty")
@@ -206,18 +311,19 @@ class UtteranceReader:
 
     def skip(self, reason: str, path: str, detail: str) -> None:
         """Count a bad utterance (warning once per reason per process); returns None for ``return self.skip(...)``."""
-        self.tally.add(reason, path)
         self.last_skip = (reason, path)
+        self.note(reason, path, detail)
+
+    def note(self, reason: str, path: str, detail: str) -> None:
+        """Count an utterance by ``reason`` (a skip, or a partial read: :data:`PARTLY_READ_REASONS`), warning once
+        per reason per process."""
+        self.tally.add(reason, path)
+        self.events.append((reason, path))
         if reason not in _warned_reasons:
             _warned_reasons.add(reason)
-            logger.warning(
-                "skipping utterance %s (%s: %s); further '%s' skips are counted and summarised",
-                path,
-                reason,
-                detail,
-                reason,
-            )
-        return None
+            what = "reading part of" if reason in PARTLY_READ_REASONS else "skipping"
+            logger.warning("%s utterance %s (%s: %s); further '%s' cases are counted and summarised", what, path,
+                           reason, detail, reason)  # fmt: skip
 
 
 class AudioTextDataset(Dataset):

@@ -5,11 +5,13 @@ import math
 import os
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 # A real manifest line is a few hundred bytes; a longer one is a corrupt or hostile file.
 MAX_LINE_BYTES = 1_000_000
 REQUIRED_KEYS = ("audio_filepath", "duration", "text")
+# Bad lines a lazily read manifest may hold before it is taken for something else than a manifest (per pass).
+DEFAULT_SKIP_BAD_LINES = 10
 
 
 class ManifestError(ValueError):
@@ -77,19 +79,50 @@ def iter_nemo_manifest(path: str | os.PathLike) -> Iterator[dict[str, Any]]:
         ManifestError: On the first bad line (longer than 1 MB, not UTF-8, not JSON, missing or invalid key),
             naming the file and the 1-based line number.
     """
+    yield from iter_manifest_entries(path, skip_bad_lines=0)  # (with no bad line allowed, only records)
+
+
+class BadLine(NamedTuple):
+    """A manifest line that :func:`iter_manifest_entries` skipped; ``problem`` names the file and line."""
+
+    line_number: int
+    problem: str
+
+
+def iter_manifest_entries(path: str | os.PathLike, skip_bad_lines: int) -> Iterator[dict[str, Any] | BadLine]:
+    """Like :func:`iter_nemo_manifest`, but up to ``skip_bad_lines`` bad lines (not UTF-8, not JSON, longer than
+    1 MB, missing or invalid keys) are yielded as :class:`BadLine` in their place instead of stopping the read.
+
+    Raises:
+        FileNotFoundError: If the manifest does not exist.
+        ManifestError: On bad line number ``skip_bad_lines + 1``, naming the file, the line and the limit.
+    """
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"manifest not found: {path}")
     folder = path.parent
+    bad = 0
     with open(path, "rb") as f:
         line_number = 0
         while line := f.readline(MAX_LINE_BYTES + 2):
             line_number += 1
             where = f"{path}:{line_number}"
-            if len(line.rstrip(b"\r\n")) > MAX_LINE_BYTES:
-                raise ManifestError(f"{where}: line longer than {MAX_LINE_BYTES} bytes; is this a manifest?")
-            if line_number == 1 and line.startswith(b"\xef\xbb\xbf"):
-                line = line[3:]
-            record = _parse_record(line, where, folder)
+            try:
+                if len(line.rstrip(b"\r\n")) > MAX_LINE_BYTES:
+                    while line and not line.endswith(b"\n"):  # the rest of the long line, in bounded pieces
+                        line = f.readline(MAX_LINE_BYTES + 2)
+                    raise ManifestError(f"{where}: line longer than {MAX_LINE_BYTES} bytes; is this a manifest?")
+                if line_number == 1 and line.startswith(b"\xef\xbb\xbf"):
+                    line = line[3:]
+                record = _parse_record(line, where, folder)
+            except ManifestError as error:
+                bad += 1
+                if bad > skip_bad_lines:
+                    if skip_bad_lines == 0:
+                        raise
+                    raise ManifestError(f"{error}; that is {bad} bad lines in {path}, more than skip_bad_lines="
+                                        f"{skip_bad_lines}: is this a manifest?") from None  # fmt: skip
+                yield BadLine(line_number, str(error))
+                continue
             if record is not None:
                 yield record

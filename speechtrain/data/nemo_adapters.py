@@ -11,6 +11,11 @@ adapters in NeMo, which speechtrain does not import); these two are written here
 described by one manifest per shard (``manifest_{0..127}.json``, paired by position) or by one manifest whose
 entries carry ``shard_id``. Each manifest entry's ``audio_filepath`` names a tar member (by its base name).
 
+Nothing in these files stops a run: up to ``skip_bad_lines`` bad manifest lines per pass, tar members that are
+missing, larger than ``max_tar_member_bytes`` or not decodable audio, and the rest of a truncated or corrupt shard
+become placeholder cuts (:func:`~speechtrain.data.audio_text.unusable_cut`) that the datasets count as skipped
+utterances, by reason, with the file (and line, or member) named.
+
 Sharding: the shard list is permuted once per pass over the data with ``seed + pass`` (the same permutation on
 every rank) and data-parallel rank ``r`` of ``W`` reads shards ``perm[r::W]``: within a pass every shard is read
 by exactly one rank, once. Tars are read sequentially in the rank's main process (the sampler's side) and the
@@ -21,6 +26,7 @@ either. Passes follow each other without end (tarred data has no epochs, as in N
 
 import io
 import logging
+import lzma
 import os
 import random
 import tarfile
@@ -34,7 +40,11 @@ from lhotse.audio import AudioSource
 from lhotse.cut import MonoCut
 from lhotse.lazy import Dillable
 
-from speechtrain.data.manifest import ManifestError, iter_nemo_manifest
+from speechtrain.data.audio_text import unusable_cut
+from speechtrain.data.manifest import DEFAULT_SKIP_BAD_LINES, BadLine, ManifestError, iter_manifest_entries
+
+# The largest audio file a NeMo tarred shard may hand over (one member is held in memory while it is decoded).
+DEFAULT_MAX_TAR_MEMBER_BYTES = 2**30
 
 logger = logging.getLogger("speechtrain.data")
 
@@ -84,27 +94,37 @@ def cut_from_record(record: dict[str, Any], cut_id: str, sample_rate: int, recor
 class LazyNeMoManifest(Dillable):
     """The cuts of a NeMo JSON-lines manifest, read line by line on each iteration.
 
-    Cut IDs are ``<audio file stem>-<hash of the manifest path>-<line index>``. A bad line stops the iteration
-    with a :class:`~speechtrain.data.manifest.ManifestError` naming the file and line.
+    Cut IDs are ``<audio file stem>-<hash of the manifest path>-<line index>``. Up to ``skip_bad_lines`` bad lines
+    per pass are logged and stand as placeholder cuts (``bad_manifest_line``, file and line named) that the
+    datasets count as skipped; one more stops the iteration with a
+    :class:`~speechtrain.data.manifest.ManifestError` naming the file and line.
 
     :param path: the manifest.
     :param sample_rate: the rate assumed for entries without ``sampling_rate`` (only used for sample counts; the
         reader takes the file's own rate).
+    :param skip_bad_lines: bad lines tolerated per pass.
     """
 
-    def __init__(self, path: str | os.PathLike, sample_rate: int = 16000) -> None:
+    def __init__(
+        self, path: str | os.PathLike, sample_rate: int = 16000, skip_bad_lines: int = DEFAULT_SKIP_BAD_LINES
+    ) -> None:
         self.path = str(path)
         self.sample_rate = sample_rate
+        self.skip_bad_lines = skip_bad_lines
         if not Path(self.path).is_file():
             raise FileNotFoundError(f"manifest not found: {self.path}")
 
     def __iter__(self) -> Iterator[Any]:
         tag = _source_tag(self.path)
-        for index, record in enumerate(iter_nemo_manifest(self.path)):
-            yield cut_from_record(record, _cut_id(record, tag, index), self.sample_rate)
+        for index, entry in enumerate(iter_manifest_entries(self.path, self.skip_bad_lines)):
+            if isinstance(entry, BadLine):
+                logger.warning("%s; skipped and counted (skip_bad_lines=%d)", entry.problem, self.skip_bad_lines)
+                yield unusable_cut(f"badline-{tag}-{index}", "bad_manifest_line", entry.problem)
+            else:
+                yield cut_from_record(entry, _cut_id(entry, tag, index), self.sample_rate)
 
     def __len__(self) -> int:
-        return sum(1 for _ in iter_nemo_manifest(self.path))
+        return sum(1 for _ in iter_manifest_entries(self.path, self.skip_bad_lines))
 
 
 def expand_paths(value: Any, what: str) -> list[str]:
@@ -134,6 +154,8 @@ class LazyNeMoTarredIterator(Dillable):
     :param seed: seeds the shard order of each pass (``seed + pass``); the same on every rank.
     :param shuffle_shards: permute the shards every pass (training); False reads them in order.
     :param max_passes: stop after this many passes over the shards (None: never).
+    :param max_member_bytes: a larger tar member is not read (counted as ``oversized_audio``).
+    :param skip_bad_lines: bad manifest lines tolerated per manifest and pass (see :class:`LazyNeMoManifest`).
     """
 
     def __init__(
@@ -146,6 +168,8 @@ class LazyNeMoTarredIterator(Dillable):
         seed: int = 0,
         shuffle_shards: bool = True,
         max_passes: int | None = None,
+        max_member_bytes: int = DEFAULT_MAX_TAR_MEMBER_BYTES,
+        skip_bad_lines: int = DEFAULT_SKIP_BAD_LINES,
     ) -> None:
         if not tars:
             raise ValueError("tarred_audio_filepaths names no tar file.")
@@ -167,6 +191,7 @@ class LazyNeMoTarredIterator(Dillable):
         self.sample_rate = sample_rate
         self.dp_rank, self.dp_world_size = dp_rank, dp_world_size
         self.seed, self.shuffle_shards, self.max_passes = seed, shuffle_shards, max_passes
+        self.max_member_bytes, self.skip_bad_lines = max_member_bytes, skip_bad_lines
         self._tags: dict[str, str] = {}
 
     def shards(self, pass_index: int) -> list[int]:
@@ -176,53 +201,94 @@ class LazyNeMoTarredIterator(Dillable):
             random.Random(self.seed + pass_index).shuffle(order)
         return order[self.dp_rank :: self.dp_world_size]
 
-    def _entries(self, shard: int) -> Iterator[tuple[int, dict[str, Any], str]]:
-        """(line index, record, manifest path) of the entries of ``shard``."""
+    def _entries(self, shard: int) -> Iterator[tuple[int, dict[str, Any] | BadLine, str]]:
+        """(line index, record or bad line, manifest path) of the entries of ``shard``."""
         if len(self.manifests) == len(self.tars):
             path = self.manifests[shard]
-            for index, record in enumerate(iter_nemo_manifest(path)):
-                yield index, record, path
+            for index, entry in enumerate(iter_manifest_entries(path, self.skip_bad_lines)):
+                yield index, entry, path
             return
         path = self.manifests[0]
-        for index, record in enumerate(iter_nemo_manifest(path)):
-            if "shard_id" not in record:
+        for index, entry in enumerate(iter_manifest_entries(path, self.skip_bad_lines)):
+            if isinstance(entry, BadLine):  # no shard_id to read: counted by one shard, once per pass
+                if index % len(self.tars) == shard:
+                    yield index, entry, path
+                continue
+            if "shard_id" not in entry:
                 raise ManifestError(f"{path}:{index + 1}: a single manifest for {len(self.tars)} tars needs shard_id")
-            if int(record["shard_id"]) == shard:
-                yield index, record, path
+            if int(entry["shard_id"]) == shard:
+                yield index, entry, path
 
     def read_shard(self, shard: int, with_audio: bool = True) -> Iterator[Any]:
-        """The cuts of one shard, in tar order (audio bytes attached when ``with_audio``)."""
+        """The cuts of one shard, in tar order (audio bytes attached when ``with_audio``), then placeholders
+        (:func:`~speechtrain.data.audio_text.unusable_cut`) for the entries whose audio could not be used."""
         by_name: dict[str, list[tuple[int, dict[str, Any], str]]] = {}
-        for index, record, path in self._entries(shard):
-            by_name.setdefault(os.path.basename(record["audio_filepath"]), []).append((index, record, path))
+        bad_lines: list[tuple[int, BadLine, str]] = []
+        for index, entry, path in self._entries(shard):
+            if isinstance(entry, BadLine):
+                bad_lines.append((index, entry, path))
+            else:
+                by_name.setdefault(os.path.basename(entry["audio_filepath"]), []).append((index, entry, path))
         tar_path = self.tars[shard]
         if not with_audio:  # metadata only (bucket bins): the manifest alone
             for entries in by_name.values():
                 yield from (self._cut(shard, index, record, path, None) for index, record, path in entries)
             return
-        found = 0
+        for index, line, path in bad_lines:
+            logger.warning("%s; skipped and counted (skip_bad_lines=%d)", line.problem, self.skip_bad_lines)
+            yield unusable_cut(f"badline-{self._tag(path)}-{index}", "bad_manifest_line", line.problem)
+        found: set[str] = set()
+        failure = None
         try:
             with tarfile.open(tar_path, mode="r|*") as tar:  # streaming: one sequential read of the shard
                 for member in tar:
-                    entries = by_name.get(os.path.basename(member.name)) if member.isfile() else None
-                    if not entries:
+                    name = os.path.basename(member.name)
+                    entries = by_name.get(name) if member.isfile() else None
+                    if not entries or name in found:
                         continue
-                    data = tar.extractfile(member).read()
-                    recording = Recording.from_bytes(data, recording_id=f"{tar_path}/{member.name}")
-                    for index, record, path in entries:
-                        found += 1
-                        yield self._cut(shard, index, record, path, recording)
-        except (tarfile.TarError, OSError) as error:
-            raise ValueError(f"NeMo tarred dataset: cannot read shard {tar_path}: {error}") from error
-        expected = sum(len(v) for v in by_name.values())
-        if found < expected:
-            logger.warning("NeMo tarred dataset: %d of %d manifest entries of shard %s have no audio in %s; skipped",
-                           expected - found, expected, shard, tar_path)  # fmt: skip
+                    cuts = list(self._member_cuts(shard, tar, member, entries))  # reads the member: may fail
+                    found.add(name)
+                    yield from cuts
+        except (tarfile.TarError, OSError, EOFError, zlib.error, lzma.LZMAError) as error:
+            failure = f"{type(error).__name__}: {error}"
+            logger.warning("NeMo tarred dataset: shard %s is truncated or corrupt (%s); its %d entries not read by "
+                           "then are skipped and counted", tar_path, failure,
+                           sum(len(v) for k, v in by_name.items() if k not in found))  # fmt: skip
+        for name, entries in by_name.items():
+            if name in found:
+                continue
+            reason = "unreadable_audio" if failure else "missing_audio"
+            detail = f"{tar_path}: {failure}" if failure else f"{tar_path} has no member {name!r}"
+            for index, record, path in entries:
+                yield self._unusable(index, record, path, reason, f"{detail} ({path}:{index + 1})")
 
-    def _cut(self, shard: int, index: int, record: dict[str, Any], path: str, recording: Recording | None) -> Any:
+    def _member_cuts(self, shard: int, tar: tarfile.TarFile, member: tarfile.TarInfo,
+                     entries: list[tuple[int, dict[str, Any], str]]) -> Iterator[Any]:  # fmt: skip
+        """The cuts of the manifest entries of one tar member, or placeholders when it is too large or not audio."""
+        where = f"{self.tars[shard]}:{member.name}"
+        if member.size > self.max_member_bytes:
+            detail = f"{where}: {member.size} bytes, over max_tar_member_bytes={self.max_member_bytes}"
+            yield from (self._unusable(i, r, p, "oversized_audio", detail) for i, r, p in entries)
+            return
+        data = tar.extractfile(member).read()
+        try:
+            recording = Recording.from_bytes(data, recording_id=f"{self.tars[shard]}/{member.name}")
+        except Exception as error:  # noqa: BLE001 - any decoder failure is a bad file, not a dead run
+            detail = f"{where}: {type(error).__name__}: {error}"
+            yield from (self._unusable(i, r, p, "unreadable_audio", detail) for i, r, p in entries)
+            return
+        yield from (self._cut(shard, index, record, path, recording) for index, record, path in entries)
+
+    def _tag(self, path: str) -> str:
         if path not in self._tags:
             self._tags[path] = _source_tag(path)
-        cut_id = _cut_id(record, self._tags[path], index)
+        return self._tags[path]
+
+    def _unusable(self, index: int, record: dict[str, Any], path: str, reason: str, detail: str) -> Any:
+        return unusable_cut(_cut_id(record, self._tag(path), index), reason, detail, record["duration"])
+
+    def _cut(self, shard: int, index: int, record: dict[str, Any], path: str, recording: Recording | None) -> Any:
+        cut_id = _cut_id(record, self._tag(path), index)
         if recording is None:
             # Metadata only: a placeholder recording long enough for the segment (never read).
             end = record["offset"] + record["duration"]

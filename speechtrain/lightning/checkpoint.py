@@ -1,16 +1,24 @@
-"""Checkpoint files of the Megatron bridge: one shard per model-parallel rank, written atomically.
+"""Checkpoint files of the Megatron bridge: one shard per model-parallel rank, written to survive any kill.
 
 Without model parallelism a checkpoint is one file, as in Lightning. With TP x PP > 1 it is a folder::
 
     <name>.ckpt/
         tp00_pp000.ckpt ...    model + optimizer state of each (tensor, pipeline) rank (data-parallel rank 0)
-        metadata.json          the layout; written last, so a folder without it is an interrupted save
+        metadata.json          the layout and each shard's size; written last, so a folder without it is an
+                               interrupted save
 
-Every save goes to ``<name>.ckpt.partial`` first and is renamed into place only when complete, so a crash never
-leaves a checkpoint that looks whole; an older checkpoint of the same name survives until the new one is ready,
-and one that cannot be written (a full disk) is reported with the path and leaves the previous one intact. On
-load, every member of the file's zip container is checked against its CRC-32 (torch writes one per record), so a
-truncated or corrupted file is refused with its name instead of loading wrong numbers.
+A file is written to ``<name>.ckpt.partial`` in the same folder, fsynced, renamed straight over ``<name>.ckpt``
+(``os.replace``, atomic) and the folder fsynced: a kill or a power loss at any moment leaves either the old or the
+new checkpoint under the name, never none and never half of one. A folder cannot be renamed over another, so a
+sharded save moves the old one aside to ``<name>.ckpt.old`` first; a kill between those two renames leaves both
+complete folders beside the name, and :func:`checkpoint_candidates` takes the newer. :func:`clean_leftovers`
+removes what killed saves left behind. A checkpoint that cannot be written (a full disk, a file-size limit) is
+reported with the path and the operating system's reason, and leaves the previous one intact.
+
+Every checkpoint is read through :func:`load_checkpoint` (or :func:`load_verified` for bytes from another
+container): each member of the file's zip container is checked against its CRC-32 (torch writes one per record)
+before ``torch.load(weights_only=True)``, so a truncated or corrupted file is refused with its name instead of
+loading wrong numbers, and nothing in it can run code.
 """
 
 import errno
@@ -43,72 +51,164 @@ def _shard_name(tp_rank: int, pp_rank: int) -> str:
 
 
 def _remove(path: Path) -> None:
-    if path.is_dir():
+    if path.is_dir() and not path.is_symlink():
         shutil.rmtree(path)
     else:
         path.unlink(missing_ok=True)
 
 
+PARTIAL, OLD = ".partial", ".old"
+
+
+def _fsync_folder(folder: Path) -> None:
+    """Make a rename in ``folder`` survive a power loss (the folder's entry list reaches the disk)."""
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def _replace(tmp: Path, path: Path) -> None:
-    """Move ``tmp`` to ``path``; an existing ``path`` is removed only once ``tmp`` is in place."""
-    old = path.with_name(path.name + ".old")
-    if path.exists():
+    """Put the complete ``tmp`` (a fsynced file or folder) in place of ``path``, durably.
+
+    A file is renamed straight over ``path``. A folder cannot replace a folder in one rename: the old one goes to
+    ``<path>.old`` first and is deleted once the new one is in place (see :func:`checkpoint_candidates` for a kill
+    in between)."""
+    if (tmp.is_dir() or path.is_dir()) and path.exists():
+        old = path.with_name(path.name + OLD)
         _remove(old)
         os.replace(path, old)
-    os.replace(tmp, path)
-    _remove(old)
+        os.replace(tmp, path)
+        _fsync_folder(path.parent)  # both renames on disk before the old copy goes
+        _remove(old)
+    else:
+        os.replace(tmp, path)
+        _fsync_folder(path.parent)
 
 
 class CheckpointWriteError(OSError):
     """A checkpoint could not be written (e.g. the disk is full); the previous one at that path is intact."""
 
 
-def _save(checkpoint: dict[str, Any], tmp: Path, path: Path) -> None:
-    """``torch.save`` to ``tmp``; on failure the partial file is removed and the error names ``path``."""
-    try:
-        torch.save(checkpoint, tmp)
-    except (OSError, RuntimeError) as e:  # torch reports a failed write as RuntimeError("... file write failed")
-        _remove(tmp)
-        if isinstance(e, RuntimeError) and "write" not in str(e).lower():
+class _FileSink:
+    """The file ``torch.save`` writes into, through ``os.write``: it keeps the operating system's error of a failed
+    write (``ENOSPC``, ``EFBIG``), which torch reports only as "unexpected pos"."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd, self.position, self.error = fd, 0, None
+
+    def write(self, data: bytes) -> int:
+        view = memoryview(data)
+        try:
+            while view:
+                written = os.write(self.fd, view)
+                view, self.position = view[written:], self.position + written
+        except OSError as error:
+            self.error = error
             raise
-        reason = "the disk is full" if getattr(e, "errno", None) == errno.ENOSPC else f"{type(e).__name__}: {e}"
-        kept = f"the previous checkpoint at {path} is intact" if path.exists() else "no earlier checkpoint existed"
-        raise CheckpointWriteError(
-            getattr(e, "errno", None) or errno.EIO, f"Could not write checkpoint {path}: {reason}; {kept}."
-        ) from e
+        return len(data)
+
+    def flush(self) -> None:
+        pass
+
+    def tell(self) -> int:
+        return self.position
+
+
+def _write_error(error: OSError, path: Path) -> CheckpointWriteError:
+    code = error.errno or errno.EIO
+    reasons = {errno.ENOSPC: "the disk is full",
+               errno.EFBIG: "the file would exceed the size limit of this process or file system"}  # fmt: skip
+    reason = reasons.get(code, error.strerror or str(error))
+    kept = f"the previous checkpoint at {path} is intact" if path.exists() else "no earlier checkpoint existed"
+    name = errno.errorcode.get(code, str(code))
+    return CheckpointWriteError(code, f"Could not write checkpoint {path}: {reason} ({name}: {error}); {kept}.")
+
+
+def _save(checkpoint: dict[str, Any], tmp: Path, path: Path) -> None:
+    """``torch.save`` to ``tmp`` and fsync it; on failure ``tmp`` is removed and the error names ``path``."""
+    sink = None
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            sink = _FileSink(fd)
+            torch.save(checkpoint, sink)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except (OSError, RuntimeError) as error:  # torch reports a failed write as a RuntimeError
+        _remove(tmp)
+        cause = sink.error if sink is not None and sink.error is not None else error
+        if not isinstance(cause, OSError):
+            raise
+        raise _write_error(cause, path) from cause
+
+
+class CorruptCheckpointError(ValueError):
+    """A checkpoint (file or bytes) that is truncated or fails its checksums."""
 
 
 def verify_file(path: str | os.PathLike) -> None:
     """Check a checkpoint file's zip container: present, complete and every member matching its CRC-32.
 
     Raises:
-        ValueError: naming the file (and the bad member) when it is truncated or corrupt.
+        CorruptCheckpointError: naming the file (and the bad member) when it is truncated or corrupt.
     """
     path = Path(path)
-    if not zipfile.is_zipfile(path):
-        with open(path, "rb") as f:
-            head = f.read(4)
+    with open(path, "rb") as f:
+        _verify(f, str(path))
+
+
+def _verify(f: Any, name: str) -> None:
+    if not zipfile.is_zipfile(f):
+        f.seek(0)
+        head = f.read(4)
         if head[:2] == b"PK" or not head:  # a zip whose end is missing, or an empty file
-            raise ValueError(f"Checkpoint {path} is truncated or corrupt (its zip directory is missing).")
+            raise CorruptCheckpointError(f"Checkpoint {name} is truncated or corrupt (its zip directory is missing).")
         return  # a legacy (non-zip) torch file: nothing to verify
     try:
-        with zipfile.ZipFile(path) as archive:
+        with zipfile.ZipFile(f) as archive:
             bad = archive.testzip()
     except (zipfile.BadZipFile, OSError, EOFError) as e:
-        raise ValueError(f"Checkpoint {path} is truncated or corrupt: {e}.") from None
+        raise CorruptCheckpointError(f"Checkpoint {name} is truncated or corrupt: {e}.") from None
     if bad is not None:
-        raise ValueError(f"Checkpoint {path} is corrupt: member {bad!r} does not match its checksum.")
+        raise CorruptCheckpointError(f"Checkpoint {name} is corrupt: member {bad!r} does not match its checksum.")
+
+
+def load_verified(source: str | os.PathLike | bytes, name: str | None = None, weights_only: bool = True) -> Any:
+    """``torch.load`` of a checkpoint file (or its bytes, e.g. a member of another archive) after
+    :func:`verify_file`'s check; ``name`` names it in errors (default: the path). The one place where speechtrain
+    unpickles a file: with ``weights_only=True`` (the default) only tensors and plain containers are accepted.
+
+    Raises:
+        CorruptCheckpointError: the data is truncated or corrupt.
+        pickle.UnpicklingError: it holds anything but tensors and plain data (``weights_only``).
+    """
+    import io
+
+    if isinstance(source, bytes):
+        handle: Any = io.BytesIO(source)
+        name = name or "<bytes>"
+    else:
+        handle = open(source, "rb")  # noqa: SIM115 - closed below, after torch.load
+        name = name or str(source)
+    with handle:
+        _verify(handle, name)
+        handle.seek(0)
+        return torch.load(handle, map_location="cpu", weights_only=weights_only)
 
 
 def save_checkpoint(checkpoint: dict[str, Any], path: str | os.PathLike) -> None:
-    """Write ``checkpoint`` (each rank's own) atomically; a collective call on all ranks.
+    """Write ``checkpoint`` (each rank's own) so that no kill or power loss leaves ``path`` without a complete
+    checkpoint; a collective call on all ranks.
 
     Raises:
         CheckpointWriteError: when the file cannot be written (e.g. a full disk); the previous one is kept.
     """
     path = Path(path)
     tp, pp = parallel_state.tensor_parallel_world_size(), parallel_state.pipeline_parallel_world_size()
-    tmp = path.with_name(path.name + ".partial")
+    tmp = path.with_name(path.name + PARTIAL)
     if tp * pp == 1:
         if _is_global_zero():
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -129,11 +229,58 @@ def save_checkpoint(checkpoint: dict[str, Any], path: str | os.PathLike) -> None
         missing = expected - {f.name for f in tmp.iterdir()}
         if missing:
             raise RuntimeError(f"Checkpoint {path}: shards {sorted(missing)} were not written.")
-        (tmp / METADATA).write_text(
-            json.dumps({"format": FORMAT, "tensor_model_parallel_size": tp, "pipeline_model_parallel_size": pp})
-        )
+        sizes = {name: (tmp / name).stat().st_size for name in sorted(expected)}
+        metadata = {"format": FORMAT, "tensor_model_parallel_size": tp, "pipeline_model_parallel_size": pp,
+                    "shard_bytes": sizes}  # fmt: skip
+        _fsync_folder(tmp)
+        marker = tmp / METADATA
+        with open(marker, "w") as f:  # the complete-marker, written last
+            f.write(json.dumps(metadata))
+            f.flush()
+            os.fsync(f.fileno())
+        _fsync_folder(tmp)
         _replace(tmp, path)
     _barrier()
+
+
+def _complete_folder(path: Path) -> bool:
+    """A sharded checkpoint folder whose save finished: its marker is there and every shard has its size."""
+    try:
+        metadata = json.loads((path / METADATA).read_text())
+        sizes = metadata.get("shard_bytes", {})
+        return all((path / name).stat().st_size == size for name, size in sizes.items())
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def checkpoint_candidates(path: str | os.PathLike) -> list[Path]:
+    """Where the checkpoint saved under ``path`` can be read from, best first: ``path`` itself; for a sharded
+    folder missing because a kill fell between its two renames, the new complete ``<path>.partial`` and the old
+    ``<path>.old`` (also a file moved aside by earlier versions of this module). Read-only (every rank of a resumed
+    run computes the same answer); files are yet to be verified (:func:`verify_file`)."""
+    path = Path(path)
+    if path.is_file() or _complete_folder(path):
+        return [path]
+    if path.exists():
+        return []
+    partial, old = path.with_name(path.name + PARTIAL), path.with_name(path.name + OLD)
+    return [p for p in (partial, old) if _complete_folder(p)] + ([old] if old.is_file() else [])
+
+
+def clean_leftovers(folder: str | os.PathLike) -> list[Path]:
+    """Remove what killed saves left in ``folder`` (global rank 0, at the start of a run): ``*.partial`` files
+    and incomplete folders, and the ``*.old`` / ``*.partial`` leftovers of checkpoints that are in place. The best
+    leftover of a checkpoint that is not in place (see :func:`checkpoint_candidates`) is kept. Returns what was
+    removed."""
+    folder = Path(folder)
+    removed = []
+    for item in sorted(folder.glob(f"*{PARTIAL}")) + sorted(folder.glob(f"*{OLD}")):
+        target = item.with_name(item.name[: -len(item.suffix)])
+        if item in checkpoint_candidates(target)[:1]:
+            continue
+        _remove(item)
+        removed.append(item)
+    return removed
 
 
 def load_checkpoint(path: str | os.PathLike, weights_only: bool = True) -> dict[str, Any]:
@@ -145,8 +292,7 @@ def load_checkpoint(path: str | os.PathLike, weights_only: bool = True) -> dict[
     """
     path = Path(path)
     if path.is_file():
-        verify_file(path)
-        return torch.load(path, map_location="cpu", weights_only=weights_only)
+        return load_verified(path, weights_only=weights_only)
     metadata_file = path / METADATA
     if not metadata_file.is_file():
         raise ValueError(f"Checkpoint {path} is incomplete (no {METADATA}): its save was interrupted.")
@@ -161,8 +307,7 @@ def load_checkpoint(path: str | os.PathLike, weights_only: bool = True) -> dict[
             "loads under any layout."
         )
     shard = path / _shard_name(parallel_state.tensor_parallel_rank(), parallel_state.pipeline_parallel_rank())
-    verify_file(shard)
-    return torch.load(shard, map_location="cpu", weights_only=weights_only)
+    return load_verified(shard, weights_only=weights_only)
 
 
 def remove_checkpoint(path: str | os.PathLike) -> None:
