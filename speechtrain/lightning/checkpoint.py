@@ -42,6 +42,22 @@ def _barrier() -> None:
         torch.distributed.barrier()
 
 
+def _agree(error: BaseException | None, path: Path) -> None:
+    """A barrier that carries each rank's outcome (one all-reduce of a failure flag): when any rank failed its part
+    of the save, every rank raises at once, instead of the others waiting in the next barrier for a rank that is
+    gone. The failing rank raises its own error."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        nccl = torch.distributed.get_backend() == "nccl"
+        device = torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")
+        failed = torch.tensor([1.0 if error is not None else 0.0], device=device)
+        torch.distributed.all_reduce(failed, op=torch.distributed.ReduceOp.MAX)
+        if error is None and failed.item() > 0:
+            raise CheckpointWriteError(f"Checkpoint {path}: another rank failed to write its part (its error is in "
+                                       "its log); the previous checkpoint is kept.")  # fmt: skip
+    if error is not None:
+        raise error
+
+
 def _is_global_zero() -> bool:
     return not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0
 
@@ -210,20 +226,31 @@ def save_checkpoint(checkpoint: dict[str, Any], path: str | os.PathLike) -> None
     tp, pp = parallel_state.tensor_parallel_world_size(), parallel_state.pipeline_parallel_world_size()
     tmp = path.with_name(path.name + PARTIAL)
     if tp * pp == 1:
+        error = None
         if _is_global_zero():
-            path.parent.mkdir(parents=True, exist_ok=True)
-            _save(checkpoint, tmp, path)
-            _replace(tmp, path)
-        _barrier()
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                _save(checkpoint, tmp, path)
+                _replace(tmp, path)
+            except Exception as e:  # every rank learns of it in _agree (no rank left waiting in a barrier)
+                error = e
+        _agree(error, path)
         return
+    error = None
     if _is_global_zero():
-        _remove(tmp)
-        tmp.mkdir(parents=True)
-    _barrier()
+        try:
+            _remove(tmp)
+            tmp.mkdir(parents=True)
+        except Exception as e:
+            error = e
+    _agree(error, path)
     if parallel_state.data_parallel_rank() == 0:
         shard = tmp / _shard_name(parallel_state.tensor_parallel_rank(), parallel_state.pipeline_parallel_rank())
-        _save(checkpoint, shard, path)
-    _barrier()
+        try:
+            _save(checkpoint, shard, path)
+        except Exception as e:
+            error = e
+    _agree(error, path)
     if _is_global_zero():
         expected = {_shard_name(t, p) for t in range(tp) for p in range(pp)}
         missing = expected - {f.name for f in tmp.iterdir()}

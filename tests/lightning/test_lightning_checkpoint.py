@@ -33,3 +33,32 @@ def test_remove_checkpoint_handles_files_and_folders(tmp_path):
     checkpoint.remove_checkpoint(tmp_path / "a.ckpt")
     checkpoint.remove_checkpoint(tmp_path / "b.ckpt")
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("tp", [1, 2])
+def test_a_failed_write_on_rank_0_stops_every_rank_at_once(tmp_path, tp):
+    """Rank 0's checkpoint write fails (a real EFBIG): every rank raises within seconds, the others told that
+    another rank failed, instead of waiting in a barrier for a rank that has gone."""
+    import os
+    import socket
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    job = Path(__file__).with_name("save_failure_job.py")
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={port}", str(job),
+               "--out", str(tmp_path), "--tp", str(tp)]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "OMP_WAIT_POLICY": "PASSIVE"}
+    start = time.monotonic()
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert time.monotonic() - start < 60
+    zero, one = (tmp_path / "rank0.txt").read_text(), (tmp_path / "rank1.txt").read_text()
+    assert zero.startswith("CheckpointWriteError") and "another rank" not in zero, zero  # its own error
+    assert "another rank failed" in one, one
+    assert not (tmp_path / "last.ckpt").exists()
