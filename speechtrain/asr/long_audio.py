@@ -1,5 +1,6 @@
-"""Transcription of files of any length with a CTC model: chunked inference with overlap, merged CTC outputs and
-word timestamps from the CTC alignment.
+"""Transcription of files of any length: chunked inference with overlap, merged model outputs and word timestamps.
+For a CTC model the merged outputs are its log-probabilities; for a transducer (RNN-T, TDT, hybrid with either
+decoder) its encoder frames, which its own decoder then reads whole, greedy or beam.
 
 A file is cut into consecutive chunks of ``chunk_len`` seconds; each chunk is run through the model with
 ``overlap / 2`` seconds of audio on each side as context (the padding of its windows), and only the output frames
@@ -87,7 +88,9 @@ def transcribe_chunked(
     if chunk_len <= 0 or overlap < 0:
         raise ValueError(f"chunk_len must be > 0 and overlap >= 0 seconds, got {chunk_len} and {overlap}.")
     if not hasattr(model, "blank") or not hasattr(model, "tokenizer"):
-        raise TypeError(f"Chunked transcription needs a CTC model; {type(model).__name__} is not one.")
+        raise TypeError(f"Chunked transcription needs a speech recogniser; {type(model).__name__} is not one.")
+    # A transducer's forward gives encoder frames (its decoder reads the merged frames), a CTC model's log-probs.
+    transducer = hasattr(model, "greedy_hypotheses")
     info = sf.info(str(path))
     file_rate, rate = info.samplerate, model.cfg.sample_rate
     begin = round(offset * file_rate)
@@ -118,9 +121,12 @@ def transcribe_chunked(
             if own_end == end:  # the last chunk keeps its trailing frames (the encoder may round lengths up)
                 keep |= centres >= (own_end - begin) / file_rate
             kept = log_probs[i, :count][keep.to(log_probs.device)].float().cpu()
-            labels.append(kept.argmax(-1))
-            if not greedy:
+            if transducer or not greedy:
                 rows.append(kept)
+            if not transducer:
+                labels.append(kept.argmax(-1))
+    if transducer:
+        return _transducer_output(model, rows, greedy, timestamps, fs, offset)
     best = torch.cat(labels) if labels else torch.zeros(0, dtype=torch.long)
     if greedy:
         ids = [int(i) for i in torch.unique_consecutive(best) if int(i) != model.blank]
@@ -130,6 +136,27 @@ def transcribe_chunked(
         text = model.decode(merged.to(model.device), torch.tensor([merged.shape[1]], device=model.device))[0]
     words = word_timestamps(best, model.blank, model.tokenizer, fs, offset) if timestamps else None
     return ChunkedOutput(text=text, words=words, frames=int(best.numel()), frame_seconds=fs)
+
+
+def _transducer_output(
+    model: Any, rows: list[torch.Tensor], greedy: bool, timestamps: bool, fs: float, offset: float
+) -> ChunkedOutput:
+    """The transcript of a transducer's merged encoder frames (its configured decoding), with word timestamps from
+    its greedy alignment."""
+    from speechtrain.asr.transducer_decoding import word_timestamps as transducer_words
+
+    merged = torch.cat(rows)[None] if rows else torch.zeros(1, 0, 1)
+    enc, lengths = merged.to(model.device), torch.tensor([merged.shape[1]], device=model.device)
+    with torch.inference_mode():
+        text = model.decode(enc, lengths, "greedy" if greedy else None)[0]
+        words = None
+        if timestamps:
+            (hypothesis,) = model.greedy_hypotheses(enc, lengths)
+            stacked = fs * getattr(getattr(model.cfg, "joint", None), "frame_stack", 1)
+            words = transducer_words(model.tokenizer, hypothesis["ids"], hypothesis["starts"], hypothesis["ends"],
+                                     stacked)  # fmt: skip
+            words = [{**w, "start": round(w["start"] + offset, 3), "end": round(w["end"] + offset, 3)} for w in words]
+    return ChunkedOutput(text=text, words=words, frames=int(merged.shape[1]), frame_seconds=fs)
 
 
 def word_timestamps(

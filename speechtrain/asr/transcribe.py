@@ -74,7 +74,7 @@ class TranscribeConfig:
         decoder_type: for a hybrid transducer (e.g. a NeMo hybrid ``.nemo``), ``transducer`` or ``ctc`` (its CTC head),
             NeMo's ``change_decoding_strategy(decoder_type=...)``; None: the model's ``decoder_type``.
         chunk_len: files longer than ``chunk_len + chunk_overlap`` seconds are transcribed in chunks of this many
-            seconds (CTC models; None: never).
+            seconds (None: never).
         chunk_overlap: seconds of context around each chunk (half on each side).
         timestamps: add word start and end times to each row (CTC alignment).
         wer: normalisation before WER/CER (``wer.lowercase=true wer.remove_punctuation=true wer.numbers=true``);
@@ -255,8 +255,8 @@ def transcribe_paths(
         batch_size: most utterances per call (None: no limit).
         precision: ``"32"``, or ``"bf16"`` to run under bf16 autocast on the model's device.
         chunk_len, chunk_overlap: files longer than ``chunk_len + chunk_overlap`` seconds are transcribed in
-            chunks (:func:`speechtrain.asr.long_audio.transcribe_chunked`; CTC models), one file at a time.
-        timestamps: add ``words`` (``{"word", "start", "end"}`` in seconds) to every row (CTC models).
+            chunks (:func:`speechtrain.asr.long_audio.transcribe_chunked`), one file at a time.
+        timestamps: add ``words`` (``{"word", "start", "end"}`` in seconds) to every row.
 
     Returns:
         One row per input, in input order: the input's fields, ``duration`` (probed from the file when missing)
@@ -282,7 +282,7 @@ def transcribe_paths(
     sample_rate = cfg.get("sample_rate") if hasattr(cfg, "get") else None
     device_type = getattr(getattr(model, "device", None), "type", "cpu")
     autocast = torch.autocast(device_type, dtype=torch.bfloat16) if precision == "bf16" else contextlib.nullcontext()
-    if hasattr(model, "blank"):  # a CTC model: long files (and every file, for timestamps) go through chunking
+    if hasattr(model, "blank"):  # a recogniser: long files (and every file, for timestamps) go through chunking
         chunked = [i for i, d in enumerate(durations) if timestamps or needs_chunking(d, chunk_len, chunk_overlap)]
         with autocast:
             for i in chunked:

@@ -99,3 +99,33 @@ def test_transcription_chunks_long_files_of_a_real_model_and_reports_words(tmp_p
     assert rows[0]["words"] and rows[0]["words"][-1]["end"] > 20, "words from every chunk"
     with pytest.raises(ValueError, match="timestamps=true needs a CTC model"):
         transcribe_paths(SimpleNamespace(transcribe=None), [str(tmp_path / "short.wav")], timestamps=True)
+
+
+@pytest.mark.parametrize(
+    ("decoder_type", "strategy"),
+    [("transducer", "greedy"), pytest.param("ctc", "greedy", marks=pytest.mark.slow),
+     pytest.param("transducer", "beam", marks=pytest.mark.slow), pytest.param("ctc", "beam", marks=pytest.mark.slow)],
+)  # fmt: skip
+def test_a_hybrid_tdt_ctc_model_decodes_files_longer_than_a_chunk(tmp_path, decoder_type, strategy):
+    """The demo recipe's model class (a hybrid TDT-CTC transducer) on a 45 s file: the chunked path merges its
+    encoder frames and its own decoder reads them (before, CTC's per-frame argmax over encoder frames produced token
+    ids outside the vocabulary). One chunk covering the file decodes exactly as the unchunked model."""
+    from speechtrain.asr.transducer import ConformerTransducerModel
+
+    torch.manual_seed(0)
+    model = ConformerTransducerModel({"size": "debug", "tokenizer": {"vocab": VOCAB}, "preprocessor": {"dither": 0.0},
+                                      "loss": "tdt", "hybrid": True, "decoder_type": decoder_type,
+                                      "decoding": {"strategy": strategy, "lm_order": 0}}).eval()  # fmt: skip
+    model.configure_model()
+    with torch.no_grad():  # a random model that mostly emits blanks, as a trained one does: short hypotheses
+        model.joint.out.bias[model.blank] += 6.0
+        model.decoder.bias[model.blank] += 6.0
+    audio = 0.1 * np.random.default_rng(2).standard_normal(16000 * 45).astype(np.float32)
+    sf.write(tmp_path / "long.wav", audio, 16000, subtype="FLOAT")
+    rows = transcribe_paths(model, [str(tmp_path / "long.wav")], chunk_len=20.0, chunk_overlap=4.0,
+                            timestamps=strategy == "greedy")  # fmt: skip
+    assert "error" not in rows[0] and isinstance(rows[0]["pred_text"], str), rows[0]
+    whole = transcribe_chunked(model, tmp_path / "long.wav", chunk_len=60.0, overlap=0.0)
+    with torch.inference_mode():
+        enc, lengths = model(torch.from_numpy(audio)[None], torch.tensor([len(audio)]))
+        assert whole.text == model.decode(enc, lengths)[0]
