@@ -4,9 +4,9 @@
 
 Times ``NonFiniteGuard.check``: the decision from the global gradient norm (which Megatron's optimizer computes
 anyway for clipping) and the step's already-reduced loss, plus its fused copy of the batch-norm statistics
-(``before_step``); and the preemption flag's agreement between ranks, against the step time of the plain loop
-in ``benchmarks/bridge_overhead.py``. Multi-rank runs add one all-reduce of one number per preemption check,
-every ``check_interval`` steps (not measured here).
+(``before_step``); and the ranks' agreement on the preemption flag (:class:`RankAgreement`), against the step time
+of the plain loop in ``benchmarks/bridge_overhead.py``. Multi-rank runs add one all-reduce of the agreement's
+flags every ``check_interval`` steps (not measured here).
 """
 
 import argparse
@@ -17,7 +17,8 @@ from types import SimpleNamespace
 import torch
 from bridge_overhead import _model
 
-from speechtrain.lightning.fault_tolerance import NonFiniteGuard, _any_rank
+from speechtrain.lightning.fault_tolerance import NonFiniteGuard
+from speechtrain.lightning.limits import RankAgreement
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -37,6 +38,8 @@ def main(argv: list[str] | None = None) -> None:
     guard = NonFiniteGuard()
     trainer = SimpleNamespace(global_step=0)
     check, flag = [], []
+    agreement = RankAgreement()
+    agreement.register("preempted", lambda: False)
     for _ in range(args.repeats):
         start = time.perf_counter()
         guard.before_step(model)
@@ -44,7 +47,8 @@ def main(argv: list[str] | None = None) -> None:
         ok = guard.check(trainer, model, norm)
         check.append(time.perf_counter() - start)
         start = time.perf_counter()
-        _any_rank(False)
+        agreement.step = None  # a new step: the flags are evaluated again
+        agreement.at_step_end(SimpleNamespace(global_step=0, world_size=1))
         flag.append(time.perf_counter() - start)
     assert ok
     params = sum(p.numel() for p in model.parameters())

@@ -14,7 +14,6 @@ every rank ran the same ones in every step), and operators per step.
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import tempfile
@@ -107,13 +106,12 @@ def _as_lifecycle(callback: object) -> object:
 def measure(family: str, tp: int, devices: int, steps: int, skip: int, accelerator: str = "cpu",
             sync_errors: bool = False) -> dict:  # fmt: skip
     """Run :func:`run_one` in a fresh process group and summarise its ranks' counts."""
+    from speechtrain.lightning.launch import fresh_launch_env
     from speechtrain.testing.step_budget import summarise
 
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp)
-        env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "OMP_NUM_THREADS": "1"}
-        for key in ("MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "RANK"):
-            env.pop(key, None)
+        env = fresh_launch_env(OMP_WAIT_POLICY="PASSIVE", OMP_NUM_THREADS="1")
         command = [sys.executable, __file__, "--run", family, "--tp", str(tp), "--devices", str(devices),
                    "--steps", str(steps), "--out", str(out), "--accelerator", accelerator,
                    *(["--cuda-sync-errors"] if sync_errors else [])]  # fmt: skip

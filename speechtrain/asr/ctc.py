@@ -209,7 +209,7 @@ class CTCModel(SpeechModel):
         if samples is None or tokens is None or not hasattr(self.encoder, "output_lengths"):
             return lengths, batch["token_lens"]
         frames = self.encoder.output_lengths(self.preprocessor.frame_lengths(np.asarray(samples, dtype=np.int64)))
-        return torch.from_numpy(frames), torch.tensor(tokens)
+        return torch.from_numpy(frames), torch.tensor(tokens, device="cpu")
 
     def greedy_decode(self, log_probs: torch.Tensor, lengths: torch.Tensor) -> list[str]:
         """Best path: argmax per frame, merge repeats, drop blanks."""

@@ -2,7 +2,6 @@
 and DP=3 on a set of 23 utterances (a multiple of neither), with real processes."""
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -10,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from speechtrain.corpora.dtmf import make_dtmf_corpus
+from speechtrain.lightning.launch import fresh_launch_env
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -27,7 +27,7 @@ def _closing_metrics(tmp_path: Path, manifest: Path, devices: int) -> dict:
                "trainer.max_time=null", "model.decoding.strategy=greedy", f"exp_manager.exp_dir={exp}",
                "model.validation_ds.batch_size=7", "model.validation_ds.batch_duration=null", "trainer.precision=32",
                "exp_manager.create_checkpoint_callback=false"]  # fmt: skip
-    env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "OMP_NUM_THREADS": "1"}
+    env = fresh_launch_env(OMP_WAIT_POLICY="PASSIVE", OMP_NUM_THREADS="1")
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
     (path,) = exp.rglob("final_metrics.json")

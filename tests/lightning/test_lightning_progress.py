@@ -1,7 +1,6 @@
 """Runs whose output is not a terminal show progress lines, and a newcomer's log starts short: the other ranks'
 INFO lines, Megatron's chatter and torch's CUDA-runtime warning stay out of it."""
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -9,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from speechtrain.common.progress import Progress, format_duration
+from speechtrain.lightning.launch import fresh_launch_env
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -38,7 +38,7 @@ def test_a_two_rank_run_written_to_a_file_logs_progress_and_starts_short(tmp_pat
                "model.tokenizer.vocab=['0','1','2','3','4','5','6','7','8','9',' ']", "trainer.max_steps=6",
                "trainer.max_time=null", "model.decoding.strategy=greedy", f"exp_manager.exp_dir={tmp_path}",
                "model.train_ds.batch_duration=8"]  # fmt: skip
-    env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "SPEECHTRAIN_PROGRESS_S": "0"}
+    env = fresh_launch_env(OMP_WAIT_POLICY="PASSIVE", SPEECHTRAIN_PROGRESS_S="0")
     env.pop("SPEECHTRAIN_ENGINE_LOG", None)
     out = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
     log = (out.stdout + out.stderr).splitlines()
