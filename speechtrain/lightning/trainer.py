@@ -23,9 +23,17 @@ from speechtrain.lightning.progress import ProgressLog
 
 logger = logging.getLogger(__name__)
 
-# Only classes from these packages may be named by ``_target_`` in a stored trainer config: a checkpoint someone
-# sent you must not be able to import arbitrary code.
-TRUSTED_TARGET_PREFIXES = ("speechtrain.", "lightning.")
+# The only classes a stored trainer config (``_target_``) may name: a checkpoint someone sent you must not be able to
+# import or run arbitrary code, and these take plain data and do nothing on their own when built.
+TRUSTED_TARGETS = frozenset({
+    "speechtrain.lightning.strategy.MegatronStrategy",
+    "speechtrain.lightning.precision.MegatronMixedPrecision",
+    "lightning.pytorch.callbacks.EarlyStopping",
+    "lightning.pytorch.callbacks.LearningRateMonitor",
+    "lightning.pytorch.callbacks.ModelCheckpoint",
+    "lightning.pytorch.callbacks.Timer",
+    "lightning.pytorch.callbacks.GradientAccumulationScheduler",
+})  # fmt: skip
 
 TRAINER_CONFIG_KEY = "speechtrain_trainer_config"
 
@@ -77,20 +85,15 @@ def _from_plain(value: Any) -> Any:
     if "_target_" not in value:
         return kwargs
     target = value["_target_"]
-    if not isinstance(target, str) or not target.startswith(TRUSTED_TARGET_PREFIXES):
+    if not isinstance(target, str) or target not in TRUSTED_TARGETS:
         raise ValueError(
-            f"Refusing to build {target!r} from a stored trainer config: only classes from "
-            f"{', '.join(p.rstrip('.') for p in TRUSTED_TARGET_PREFIXES)} may be named there."
+            f"Refusing to build {target!r} from a stored trainer config: only these classes may be named there: "
+            f"{', '.join(sorted(TRUSTED_TARGETS))}."
         )
     module_name, _, class_name = target.rpartition(".")
     cls = getattr(importlib.import_module(module_name), class_name)
-    # A function, or a class merely imported there (``signal_connector.call`` is ``subprocess.call``), could run
-    # anything.
-    if not inspect.isclass(cls) or not cls.__module__.startswith(TRUSTED_TARGET_PREFIXES):
-        raise ValueError(
-            f"Refusing to build {target!r} from a stored trainer config: it is not a class defined in "
-            f"{', '.join(p.rstrip('.') for p in TRUSTED_TARGET_PREFIXES)}."
-        )
+    if not inspect.isclass(cls):  # (a listed name is a class; checked all the same)
+        raise ValueError(f"Refusing to build {target!r} from a stored trainer config: it is not a class.")
     return cls(**kwargs)
 
 
