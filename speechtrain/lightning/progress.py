@@ -3,7 +3,8 @@
 Lightning's progress bar redraws one terminal line; written to a file it shows nothing until the end.
 :class:`speechtrain.lightning.Trainer` swaps it for :class:`ProgressLog` when stdout is not a terminal: global rank
 0 logs the step, the epoch, the time spent and left, and the metrics the model shows in the bar, at the first step
-and then every ``SPEECHTRAIN_PROGRESS_S`` seconds (default 30).
+and then every ``SPEECHTRAIN_PROGRESS_S`` seconds (default 30); and Lightning's model-summary table (a dozen lines)
+for :class:`ModelSizeLine`, one line.
 """
 
 import logging
@@ -60,6 +61,18 @@ class ProgressLog(Callback):
         if max_steps and max_steps > 0 and step > 0:
             left.append(elapsed / step * (max_steps - step))
         return min(left) if left else None
+
+
+class ModelSizeLine(Callback):
+    """One log line with the model's parameter counts at the start of ``fit`` (global rank 0): what Lightning's
+    summary table says in the line a log file needs."""
+
+    def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
+        if trainer.is_global_zero:
+            total = sum(p.numel() for p in pl_module.parameters())
+            trainable = sum(p.numel() for p in pl_module.parameters() if p.requires_grad)
+            logger.info("model: %s, %.2fM parameters (%.2fM trainable)", type(pl_module).__name__, total / 1e6,
+                        trainable / 1e6)  # fmt: skip
 
 
 def _short(value: Any) -> str:

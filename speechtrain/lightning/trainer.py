@@ -19,7 +19,7 @@ from speechtrain import backends
 from speechtrain.common.auto_precision import resolve_auto_precision
 from speechtrain.lightning.callbacks import CallbackGroup
 from speechtrain.lightning.limits import AgreeAtStepEnd, WallClockLimit, sparse_sigterm_checks
-from speechtrain.lightning.progress import ProgressLog
+from speechtrain.lightning.progress import ModelSizeLine, ProgressLog
 
 logger = logging.getLogger(__name__)
 
@@ -197,6 +197,9 @@ class Trainer(pl.Trainer):
             # A progress bar written to a file shows nothing until the end: log lines instead (progress.py).
             kwargs["enable_progress_bar"] = False
             kwargs["callbacks"] = [*(kwargs.get("callbacks") or []), ProgressLog()]
+        if kwargs.get("enable_model_summary", True) is not False and not sys.stdout.isatty():
+            kwargs["enable_model_summary"] = False  # its table, as one line (progress.py)
+            kwargs["callbacks"] = [*(kwargs.get("callbacks") or []), ModelSizeLine()]
         # Lightning's per-batch time and SIGTERM checks, agreed on every few steps in one reduction (limits.py).
         kwargs["callbacks"] = [*(kwargs.get("callbacks") or []), AgreeAtStepEnd()]
         if kwargs.get("max_time") is not None:

@@ -45,6 +45,7 @@ def test_a_two_rank_run_written_to_a_file_logs_progress_and_starts_short(tmp_pat
     assert out.returncode == 0, "\n".join(log[-30:])
     first = next(i for i, line in enumerate(log) if "training: step" in line)
     assert first < 40, "\n".join(log[:first])
+    assert any("parameters (" in line for line in log[:first])  # the summary, in one line
     assert sum("training: step" in line for line in log) >= 3
     text = "\n".join(log)
     for noise in ("No CUDA runtime is found", "Params for bucket", "megatron_fsdp", "dp 1)"):
