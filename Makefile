@@ -50,15 +50,19 @@ DEMO_CLOSING_S ?= 85
 # The least training time in seconds, even if the budget is then missed.
 DEMO_MIN_TRAIN_S ?= 600
 demo: install
+	@echo "make demo: 1/3 building what the recipe reads: the built-in speech corpus (synthesised on first use:" \
+		"minutes, with progress lines), a BPE tokenizer and a word LM fitted on its transcripts"
 	$(CPU_RUN) $(BIN)/python examples/asr_train.py --config-name asr_train_hybrid prepare_only=true
 	@left=$$(( $(DEMO_START) + $(DEMO_WALL_S) - $(DEMO_CLOSING_S) - $$(date +%s) )); \
 	if [ $$left -lt $(DEMO_MIN_TRAIN_S) ]; then \
 		echo "make demo: $$left s left of its $(DEMO_WALL_S) s budget; training $(DEMO_MIN_TRAIN_S) s anyway"; \
 		left=$(DEMO_MIN_TRAIN_S); fi; \
-	echo "make demo: $$(( $$(date +%s) - $(DEMO_START) )) s since make started; training for $$left s"; \
+	echo "make demo: 2/3 training a hybrid TDT-CTC recogniser on 2 processes for $$left s" \
+		"($$(( $$(date +%s) - $(DEMO_START) )) s since make started), then decoding every set"; \
 	set -x; $(CPU_RUN) $(BIN)/python examples/asr_train.py --config-name asr_train_hybrid name=asr_demo \
 		trainer.devices=2 model.train_ds.batch_duration=30 "trainer.max_time={seconds: $$left}" \
 		trainer.check_val_every_n_epoch=1000
+	@echo "make demo: 3/3 recording the run's figures in results/demo.jsonl and RESULTS.md"
 	$(BIN)/python benchmarks/results.py from-run "$$(ls -td speechtrain_experiments/asr_demo/*/ | head -1)" \
 		--wall-s $$(( $$(date +%s) - $(DEMO_START) ))
 
