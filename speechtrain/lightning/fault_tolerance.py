@@ -2,9 +2,13 @@
 
 * :class:`PreemptionCallback` (registered by ``exp_manager``; NeMo's ``create_preemption_callback``): on SIGTERM
   or SIGUSR1 (SLURM's warning signals) the run finishes the current step, every rank agrees at a step boundary,
-  the ``last`` checkpoint is written and training stops; :func:`exit_if_preempted` then ends the process with
-  :data:`PREEMPTED_EXIT_CODE` on global rank 0 (75, ``EX_TEMPFAIL``: "try again"), which a job script turns into a
-  requeue. Started again with ``exp_manager.resume_if_exists=true``, the run continues from that checkpoint. The
+  the ``last`` checkpoint is written and training stops. Once the checkpoint is on disk (every rank's part), global
+  rank 0 writes the requeue marker: ``<run folder>/requeue`` and, when the job script names one, the file
+  ``$SPEECHTRAIN_REQUEUE_MARKER`` (``step=<n>`` and ``checkpoint=<path>``). A job script requeues when the marker is
+  there, whatever ``srun`` reports: under ``srun --kill-on-bad-exit=1`` the other tasks are killed and ``srun``
+  exits 137, not with rank 0's status. :func:`exit_if_preempted` then ends the process with
+  :data:`PREEMPTED_EXIT_CODE` on global rank 0 (75, ``EX_TEMPFAIL``: "try again", for launchers without a marker).
+  Started again with ``exp_manager.resume_if_exists=true``, the run continues from that checkpoint. The
   ranks agree through the trainer's :class:`~speechtrain.lightning.limits.RankAgreement` (one tiny all-reduce, with
   the wall-clock limit's flag, every ``check_interval`` steps, default 10), not every step; a single process looks
   at its own flag after every step.
@@ -19,6 +23,7 @@
 
 import logging
 import math
+import os
 import signal
 import sys
 from pathlib import Path
@@ -33,6 +38,28 @@ logger = logging.getLogger(__name__)
 
 PREEMPTED_EXIT_CODE = 75
 PREEMPTION_SIGNALS = ("SIGTERM", "SIGUSR1")
+REQUEUE_MARKER = "requeue"  # in the run folder: the run was preempted after saving, start it again
+REQUEUE_MARKER_ENV = "SPEECHTRAIN_REQUEUE_MARKER"  # a path of the job script's choosing for the same marker
+
+
+def requeue_markers(trainer: pl.Trainer) -> list[Path]:
+    """Where the requeue marker of ``trainer``'s run goes: the run folder's ``requeue``, and
+    ``$SPEECHTRAIN_REQUEUE_MARKER`` when set (a job script knows that path before the run folder is named)."""
+    markers = [Path(trainer.default_root_dir) / REQUEUE_MARKER]
+    if os.environ.get(REQUEUE_MARKER_ENV):
+        markers.append(Path(os.environ[REQUEUE_MARKER_ENV]))
+    return markers
+
+
+def write_requeue_marker(path: Path, step: int, checkpoint: Path) -> None:
+    """Write the marker durably (a temporary file, fsynced, renamed into place)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    with open(tmp, "w") as f:
+        f.write(f"step={step}\ncheckpoint={checkpoint}\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
 
 
 def save_resume_checkpoint(trainer: pl.Trainer, fallback_name: str) -> Path:
@@ -86,6 +113,10 @@ class PreemptionCallback(pl.Callback):
         agreement = rank_agreement(trainer)  # the ranks compare their flags with the other periodic checks
         agreement.every = self.check_interval
         agreement.register("preempted", lambda: self.received is not None)
+        if trainer.is_global_zero:  # a marker of an earlier, preempted start of this run: that start is resumed
+            for marker in requeue_markers(trainer):
+                if marker.is_file() and marker.read_text().startswith("step="):
+                    marker.unlink(missing_ok=True)
 
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: Any, **kwargs: Any
@@ -95,13 +126,16 @@ class PreemptionCallback(pl.Callback):
                 return
         elif self.received is None:
             return
-        self.checkpoint = save_resume_checkpoint(trainer, "preempted.ckpt")
+        self.checkpoint = save_resume_checkpoint(trainer, "preempted.ckpt")  # (returns when every rank saved)
         self.preempted = True
         trainer.should_stop = True
         if trainer.is_global_zero:
-            logger.warning("Preempted: saved %s at step %d; stopping (exit code %d). Restart the same command with "
-                           "exp_manager.resume_if_exists=true to continue.", self.checkpoint, trainer.global_step,
-                           PREEMPTED_EXIT_CODE)  # fmt: skip
+            markers = requeue_markers(trainer)
+            for marker in markers:
+                write_requeue_marker(marker, trainer.global_step, self.checkpoint)
+            logger.warning("Preempted: saved %s at step %d and wrote %s; stopping (exit code %d). Restart the same "
+                           "command with exp_manager.resume_if_exists=true to continue.", self.checkpoint,
+                           trainer.global_step, " and ".join(map(str, markers)), PREEMPTED_EXIT_CODE)  # fmt: skip
 
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         for signum, handler in self._previous.items():

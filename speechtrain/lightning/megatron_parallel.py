@@ -16,13 +16,17 @@ global batch that one data-parallel rank receives is split into micro-batches (`
 ``sum(loss_sum) / sum(num_tokens)`` over all micro-batches, accumulated batches and data-parallel ranks, exactly
 as one process would compute it over the whole window.
 
+Under tensor parallelism, the gradients of the parameters every TP rank holds whole (norms, biases of row-parallel
+layers, depthwise convolutions, a transducer's decoder and joint) are then averaged over the TP group, in one flat
+all-reduce, so that TP peers make the same update and their copies never drift apart.
+
 Every rank issues the same collectives in the same order whatever its data: the gradient buckets are reduced in
-``finalize_model_grads`` in their fixed order (``overlap_grad_reduce`` off, the default), then the token count,
-then the reported loss; a rank whose batch is empty (every utterance skipped) or whose parameters partly got no
-gradient (a text-only SALM batch) contributes zeros to the same calls. ``overlap_grad_reduce=True`` launches each
-bucket as soon as its gradients are ready, overlapping communication with backward; Megatron then requires every
-trainable parameter to receive a gradient in every step on every rank, so it is for models without
-data-dependent branches.
+``finalize_model_grads`` in their fixed order (``overlap_grad_reduce`` off, the default), then the replicated
+parameters' gradients over TP (TP > 1), then the token count, then the reported loss; a rank whose batch is
+empty (every utterance skipped) or whose parameters partly got no gradient (a text-only SALM batch) contributes
+zeros to the same calls. ``overlap_grad_reduce=True`` launches each bucket as soon as its gradients are ready,
+overlapping communication with backward; Megatron then requires every trainable parameter to receive a gradient
+in every step on every rank, so it is for models without data-dependent branches.
 """
 
 import contextlib
@@ -139,6 +143,8 @@ class MegatronParallel:
             use_distributed_optimizer=use_distributed_optimizer,
         )
         self.ddp = DistributedDataParallel(self.config, ddp_config, module)
+        self._replicated = self._replicated_params()  # their gradients are averaged over TP after each step
+        self._replicated_views: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None
         self.config.no_sync_func = self._no_sync
         self._accumulating = False  # this batch is not the last of an accumulation window
         # Tokens of the window's earlier batches (gradients accumulate until the window's last batch).
@@ -176,6 +182,7 @@ class MegatronParallel:
             self._window_tokens = tokens
             return
         finalize_model_grads(model, num_tokens=None, **kwargs)
+        self._average_replicated_grads()
         pp_group = mpu.get_pipeline_model_parallel_group()
         if torch.distributed.get_world_size(pp_group) > 1:
             torch.distributed.broadcast(tokens, src=mpu.get_pipeline_model_parallel_last_rank(), group=pp_group)
@@ -183,6 +190,39 @@ class MegatronParallel:
         scaling = 1.0 / tokens.clamp(min=1).float()
         for chunk in model:
             chunk.scale_gradients(scaling)
+
+    def _replicated_params(self) -> list[torch.nn.Parameter]:
+        """The trainable parameters that every tensor-parallel rank holds whole (norms, depthwise convolutions,
+        biases of row-parallel layers, a transducer's prediction and joint networks): those without Megatron's
+        ``tensor_model_parallel`` mark. Parameters Megatron's ``finalize_model_grads`` already reduces over the
+        tensor-parallel group (``average_gradients_across_tp_domain``) are left to it. Empty at TP=1."""
+        if parallel_state.tensor_parallel_world_size() == 1:
+            return []
+        return [p for p in self.module.parameters() if p.requires_grad
+                and not getattr(p, "tensor_model_parallel", False)
+                and not getattr(p, "average_gradients_across_tp_domain", False)]  # fmt: skip
+
+    def _average_replicated_grads(self) -> None:
+        """Average the gradients of the replicated parameters over the tensor-parallel group, after the
+        data-parallel reduction: one flat all-reduce. Each TP rank computes them itself, and non-deterministic
+        kernels (atomics in CTC's backward, cuDNN's algorithm choices) make the copies differ in their last bits;
+        reduced over DP only, TP peers would drift apart over a long run. Averaged, every peer makes the same
+        update (the sum comes back bitwise identical on every rank) and the copies stay equal. A handful of
+        operators per step: the flat views of the gradients (slices of Megatron's persistent gradient buffer) are
+        made once."""
+        if not self._replicated:
+            return
+        from megatron.core import parallel_state as mpu
+
+        grads = [p.main_grad for p in self._replicated]
+        if self._replicated_views is None or any(g is not s for g, s in zip(grads, self._replicated_views[0])):
+            self._replicated_views = (grads, [g.view(-1) for g in grads])
+        views = self._replicated_views[1]
+        flat = torch.cat(views)
+        group = mpu.get_tensor_model_parallel_group()
+        torch.distributed.all_reduce(flat, group=group)
+        flat.mul_(1.0 / torch.distributed.get_world_size(group))
+        torch._foreach_copy_(views, flat.split([v.numel() for v in views]))
 
     # ------------------------------------------------------------------------------------------------ a step
     def _loss_func(self, batch: Any, output: torch.Tensor) -> tuple:

@@ -1,5 +1,6 @@
 """Launches under srun: ranks that see only SLURM's variables share one run folder, and the tokenizer and LM are
-built once, by global rank 0, while the other rank waits for them."""
+built once, by global rank 0, while the other rank waits for them. (Relaunches, restarts, runs started in the same
+second and a failing build on rank 0, with real processes: tests/reliability/test_launch_faults.py.)"""
 
 import os
 import random
@@ -38,6 +39,22 @@ def test_build_on_rank_zero_waits_on_other_ranks(tmp_path, monkeypatch):
     launch.build_on_rank_zero(target, lambda: pytest.fail("nothing to build"), "the tokenizer")
 
 
+def test_a_waiting_rank_stops_on_rank_zeros_failure_marker_of_its_own_launch_only(tmp_path, monkeypatch):
+    for name in ("RANK", "LOCAL_RANK", "NODE_RANK", "GROUP_RANK", "WORLD_SIZE", "SLURM_RESTART_COUNT"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in (("SLURM_JOB_NAME", "train"), ("SLURM_NTASKS", "2"), ("SLURM_JOB_ID", "77"),
+                        ("SLURM_STEP_ID", "0"), ("SLURM_PROCID", "1"), (launch.BUILD_TIMEOUT_ENV, "1")):  # fmt: skip
+        monkeypatch.setenv(name, value)
+    target = tmp_path / "tokenizer.model"
+    marker = tmp_path / "tokenizer.model.failed"
+    marker.write_text("77.0.1\nValueError: an earlier start of this job (requeued since)\n")
+    with pytest.raises(TimeoutError):  # not this launch's failure: waited out
+        launch.build_on_rank_zero(target, lambda: pytest.fail("rank 1 must not build"), "the tokenizer")
+    marker.write_text(f"{launch.launch_nonce()}\nValueError: no transcripts\n")
+    with pytest.raises(RuntimeError, match="Global rank 0 failed to build the tokenizer.*ValueError: no transcripts"):
+        launch.build_on_rank_zero(target, lambda: pytest.fail("rank 1 must not build"), "the tokenizer")
+
+
 @pytest.mark.slow
 def test_two_srun_tasks_share_one_run_folder_and_build_the_tokenizer_and_lm_once(tmp_path, dtmf_manifest):
     overrides = [o for o in example_overrides(tmp_path, dtmf_manifest) if not o.startswith("model.tokenizer.path")]
@@ -72,16 +89,17 @@ def test_two_srun_tasks_share_one_run_folder_and_build_the_tokenizer_and_lm_once
     assert "Final:" in (run / "train.log").read_text()
 
 
-def test_torchrun_ranks_without_a_rendezvous_id_share_the_name_rank_zero_made(tmp_path, monkeypatch):
-    for name in ("SLURM_PROCID", "SLURM_NTASKS", "TORCHELASTIC_RUN_ID", "LOCAL_RANK", "NODE_RANK", "GROUP_RANK"):
+def test_outside_a_multi_process_launch_the_name_is_made_here_and_torchrun_ids_name_no_folder(monkeypatch):
+    """Under torchrun, rank 0 names the run and hands the name over through the launch's store (real processes:
+    tests/reliability/test_launch_faults.py); a rendezvous id no longer names the folder, so a relaunch or a restart
+    with the same id never joins an earlier run."""
+    for name in ("SLURM_PROCID", "SLURM_NTASKS", "LOCAL_RANK", "NODE_RANK", "GROUP_RANK", "RANK", "WORLD_SIZE"):
         monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("WORLD_SIZE", "2")
-    monkeypatch.setenv("MASTER_PORT", "29511")
+    assert launch.launch_store() is None
+    assert launch.shared_name(lambda: "2026-12-01_10-00-00") == "2026-12-01_10-00-00"
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job-7")
     monkeypatch.setenv("RANK", "0")
     assert launch.job_version() is None
-    assert launch.shared_name(tmp_path, lambda: "2026-12-01_10-00-00") == "2026-12-01_10-00-00"
-    monkeypatch.setenv("RANK", "1")  # another node: it reads rank 0's name instead of making its own
-    assert launch.shared_name(tmp_path, lambda: pytest.fail("rank 1 must not name the run")) == "2026-12-01_10-00-00"
 
 
 def test_a_fresh_launch_environment_drops_what_an_earlier_launch_left(monkeypatch):
