@@ -4,11 +4,12 @@
     python benchmarks/gpu_profile.py [--recipe asr_train_hybrid] [--precision 32] [--batch-duration 60]
 
 Prints, per step: the wall time, the time spent waiting for the data loader, the device's busy time (the sum of its
-kernels' times), the number of operators dispatched and of kernels launched; then the operators by self CPU time and
-by device time. A step whose wall time is far above its device time is bound by the host (Python and operator
-dispatch), not by the GPU. The data are ``benchmarks/gpu_speed.py``'s generated 2-10 s files. ``--shapes`` records
-each operator's input shapes and lists the operators per shape (which matrix product, which convolution), what the
-README's earlier per-operator step times needed an ad-hoc script for.
+kernels' times), the number of operators dispatched and of kernels launched, those operators by part (the transducer
+loss, forward and backward; the optimizer step; ``_foreach`` operators, which the CPU runs one tensor at a time; the
+rest); then the operators by self CPU time and by device time. A step whose wall time is far above its device time
+is bound by the host (Python and operator dispatch), not by the GPU. The data are ``benchmarks/gpu_speed.py``'s
+generated 2-10 s files. ``--shapes`` records each operator's input shapes and lists the operators per shape (which
+matrix product, which convolution), what the README's earlier per-operator step times needed an ad-hoc script for.
 """
 
 import argparse
@@ -80,11 +81,38 @@ class StepProfiler(BaseCallback):
         print(f"per step ({steps} steps): wall {sum(self.walls) / steps * 1e3:.1f} ms, waiting for data {wait:.1f} ms "
               f"(between steps), device busy {busy:.1f} ms, aten operators {ops:.0f}, kernels "
               f"{sum(e.count for e in device) / steps:.0f}")  # fmt: skip
+        parts = operators_by_part(self.profile.events())
+        print("aten operators per step by part: " + ", ".join(f"{part} {count / steps:.0f}"
+                                                             for part, count in parts.items()))  # fmt: skip
         for key in ["self_cpu_time_total"] + (["self_device_time_total"] if device else []):
             try:
                 print(events.table(sort_by=key, row_limit=self.rows), flush=True)
             except Exception as error:  # a profiler table this torch cannot sort so: the summary above stands
                 print(f"(no table by {key}: {error})")
+
+
+# Where the step's aten operators come from: (part, what an enclosing event's name starts with or contains).
+PARTS = (
+    ("transducer loss", lambda name: "_TransducerLoss" in name),  # its forward and its backward
+    ("optimizer", lambda name: name.startswith("Optimizer.")),
+    ("_foreach", lambda name: name.startswith("aten::_foreach_")),  # one op per tensor on the CPU, few kernels on GPUs
+)
+
+
+def operators_by_part(events) -> dict[str, int]:
+    """The aten operators of ``events`` (a profile's) by the first part in :data:`PARTS` that the operator or an
+    enclosing event belongs to; the others as ``rest``."""
+    counts = dict.fromkeys([part for part, _ in PARTS] + ["rest"], 0)
+    for event in events:
+        if event.device_type != DeviceType.CPU or not event.name.startswith("aten::"):
+            continue
+        names = []
+        while event is not None:
+            names.append(event.name)
+            event = event.cpu_parent
+        part = next((part for part, match in PARTS if any(match(name) for name in names)), "rest")
+        counts[part] += 1
+    return counts
 
 
 def main(argv: list[str] | None = None) -> None:

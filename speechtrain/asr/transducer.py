@@ -385,10 +385,8 @@ class ConformerTransducerModel(ConformerCTCModel):
         cfg = self.cfg
         if cfg.loss == "rnnt":
             return rnnt_loss(blank, label, frame_lens, label_lens)
-        loss = tdt_loss(blank - cfg.sigma, label - cfg.sigma, dur, self.durations, frame_lens, label_lens)
-        if cfg.omega > 0:
-            loss = (1 - cfg.omega) * loss + cfg.omega * rnnt_loss(blank, label, frame_lens, label_lens)
-        return loss
+        # TDT with sigma, and omega x RNN-T: one recursion over both lattices (transducer_loss.tdt_loss)
+        return tdt_loss(blank, label, dur, self.durations, frame_lens, label_lens, sigma=cfg.sigma, omega=cfg.omega)
 
     def utterance_losses(self, enc: torch.Tensor, lengths: torch.Tensor, batch: dict[str, Any]) -> torch.Tensor:
         """(B,) losses of the whole model: transducer, or the hybrid's weighted sum with CTC."""
