@@ -34,6 +34,7 @@ def _closing_metrics(tmp_path: Path, manifest: Path, devices: int) -> dict:
     return json.loads(path.read_text())
 
 
+@pytest.mark.slow  # (the sampler's property at DP=2 and 3: tests/data/test_data_lhotse_loader.py, default suite)
 @pytest.mark.multiprocess
 def test_validation_metrics_are_the_same_at_dp1_and_dp3(tmp_path):
     manifest = make_dtmf_corpus(tmp_path / "dtmf", 23, seed=11)

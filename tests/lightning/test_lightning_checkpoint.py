@@ -36,7 +36,7 @@ def test_remove_checkpoint_handles_files_and_folders(tmp_path):
 
 
 @pytest.mark.multiprocess
-@pytest.mark.parametrize("tp", [1, 2])
+@pytest.mark.parametrize("tp", [1, pytest.param(2, marks=pytest.mark.slow)])
 def test_a_failed_write_on_rank_0_stops_every_rank_at_once(tmp_path, tp):
     """Rank 0's checkpoint write fails (a real EFBIG): every rank raises within seconds, the others told that
     another rank failed, instead of waiting in a barrier for a rank that has gone."""

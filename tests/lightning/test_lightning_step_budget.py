@@ -79,7 +79,7 @@ def test_a_sync_added_to_a_step_is_reported_with_its_line():
 
 
 @pytest.mark.multiprocess
-@pytest.mark.parametrize("family", ["ctc", "salm"])
+@pytest.mark.parametrize("family", ["ctc", pytest.param("salm", marks=pytest.mark.slow)])
 def test_a_training_step_waits_on_the_host_once_and_agrees_on_its_collectives(family):
     """Two gloo ranks, the family through the bridge with a wall-clock limit: one host sync per step (the gradient
     norm that clipping and the non-finite guard read), every rank the same collectives at every step."""

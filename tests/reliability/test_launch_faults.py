@@ -39,6 +39,7 @@ def _names(out: Path) -> dict[str, str]:
     return {p.stem: p.read_text() for p in sorted(out.glob("*.txt"))}
 
 
+@pytest.mark.slow
 @pytest.mark.multiprocess
 def test_a_quick_torchrun_relaunch_on_the_same_port_never_joins_the_previous_run(tmp_path, fault):
     """Rank 0 names the run and hands the name to the other ranks through the launch's own rendezvous store: a
