@@ -22,19 +22,20 @@ CPU_RUN = OMP_WAIT_POLICY=PASSIVE LD_PRELOAD="$$(ls /usr/lib/*/libtcmalloc_minim
 	TCMALLOC_LARGE_ALLOC_REPORT_THRESHOLD=1099511627776
 
 $(STAMP): pyproject.toml
-	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	@echo "make: installing the pinned packages into $(VENV) (and, as root, the built-in corpus's Debian packages)"
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	@# uv installs what pip would (same resolution), faster, and `make demo` trains for the difference; where uv
 	@# cannot (no wheel for this platform, an index only pip.conf names) pip does. --compile-bytecode writes the .pyc
 	@# files pip would, so that no new process compiles torch, lightning and megatron first.
-	$(BIN)/python -m pip install --quiet --upgrade pip uv || true
-	$(BIN)/python -m uv pip install --quiet --compile-bytecode --python $(BIN)/python -e '.[dev]' || \
+	@$(BIN)/python -m pip install --quiet --upgrade pip uv || true
+	@$(BIN)/python -m uv pip install --quiet --compile-bytecode --python $(BIN)/python -e '.[dev]' || \
 		$(BIN)/python -m pip install --quiet --no-cache-dir -e '.[dev]'
 	@# Festival (three voices) reads part of the built-in corpus, Flite its held-out sets (and tcmalloc, above).
-	dpkg -s $(APT_PACKAGES) >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
+	@dpkg -s $(APT_PACKAGES) >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
 		{ apt-get install -y -qq $(APT_PACKAGES) >/dev/null 2>&1 || \
 		  { apt-get update -qq && apt-get install -y -qq $(APT_PACKAGES); }; }; } \
 		|| echo "note: the built-in corpus needs apt-get install $(APT_PACKAGES)"
-	touch $(STAMP)
+	@touch $(STAMP)
 
 # The ASR demo: a hybrid TDT-CTC Conformer (asr_train_hybrid.yaml) on 2 cores, greedy WER and beam + LM beside it.
 # It builds what the recipe reads (corpora, tokenizer, LM: prepare_only=true), then trains for what is left of its
@@ -59,7 +60,9 @@ demo: install
 		left=$(DEMO_MIN_TRAIN_S); fi; \
 	echo "make demo: 2/3 training a hybrid TDT-CTC recogniser on 2 processes for $$left s" \
 		"($$(( $$(date +%s) - $(DEMO_START) )) s since make started), then decoding every set"; \
-	set -x; $(CPU_RUN) $(BIN)/python examples/asr_train.py --config-name asr_train_hybrid name=asr_demo \
+	echo "+ python examples/asr_train.py --config-name asr_train_hybrid name=asr_demo trainer.devices=2" \
+		"model.train_ds.batch_duration=30 trainer.max_time={seconds: $$left} trainer.check_val_every_n_epoch=1000"; \
+	$(CPU_RUN) $(BIN)/python examples/asr_train.py --config-name asr_train_hybrid name=asr_demo \
 		trainer.devices=2 model.train_ds.batch_duration=30 "trainer.max_time={seconds: $$left}" \
 		trainer.check_val_every_n_epoch=1000
 	@echo "make demo: 3/3 recording the run's figures in results/demo.jsonl and RESULTS.md"
