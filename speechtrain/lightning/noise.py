@@ -5,6 +5,8 @@
   code, printed during every ``fit``.
 - Megatron Core's INFO chatter (its DDP and optimizer configs, the list of every parameter of each gradient bucket,
   Megatron-FSDP's notes): kept at WARNING unless ``SPEECHTRAIN_ENGINE_LOG`` names a level (``info``, ``debug``).
+- Lightning's start of a multi-process run (a five-line banner, one "Initializing distributed" line per rank, "TPU
+  available: False"): one line.
 - torch's "No CUDA runtime is found" warning, which Megatron's import of torch's C++-extension helper prints on
   every machine without CUDA: nothing to act on there.
 
@@ -23,6 +25,21 @@ def _not_a_tip(record: logging.LogRecord) -> bool:
     return not str(record.msg).startswith("💡 Tip")
 
 
+def _short_launch_lines(record: logging.LogRecord) -> bool:
+    """Lightning's start of a multi-process run in one line: its banner (five lines between two rules of dashes) as
+    ``distributed: gloo, 2 processes registered``, the "Initializing distributed" line of rank 0 only, and no "TPU
+    available: False" line."""
+    message = str(record.msg)
+    if message.startswith("-" * 20) and "distributed_backend=" in message:
+        backend = message.split("distributed_backend=", 1)[1].split("\n", 1)[0]
+        processes = message.split("Starting with ", 1)[1].split(" ", 1)[0] if "Starting with " in message else "?"
+        record.msg, record.args = f"distributed: {backend}, {processes} processes registered", ()
+        return True
+    if message.startswith("Initializing distributed: GLOBAL_RANK:"):
+        return message.startswith("Initializing distributed: GLOBAL_RANK: 0,")
+    return not message.startswith("TPU available: False")
+
+
 def _not_no_cuda_runtime(record: logging.LogRecord) -> bool:
     return not str(record.msg).startswith("No CUDA runtime is found")
 
@@ -37,7 +54,10 @@ def engine_log_level() -> int:
 def silence_upstream_noise() -> None:
     """Install the filters and levels (idempotent)."""
     for name, keep in (("lightning.pytorch.utilities.rank_zero", _not_a_tip),
-                       ("torch.utils.cpp_extension", _not_no_cuda_runtime)):  # fmt: skip
+                       ("torch.utils.cpp_extension", _not_no_cuda_runtime),
+                       ("lightning.pytorch.utilities.rank_zero", _short_launch_lines),
+                       ("lightning.fabric.utilities.rank_zero", _short_launch_lines),
+                       ("lightning.fabric.utilities.distributed", _short_launch_lines)):  # fmt: skip
         upstream = logging.getLogger(name)
         if keep not in upstream.filters:
             upstream.addFilter(keep)
