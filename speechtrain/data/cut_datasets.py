@@ -114,11 +114,10 @@ class AsrCutDataset(CutDataset):
     def collate(self, items: list[dict[str, Any]], cuts: list[Any]) -> dict[str, Any]:
         audio, audio_lens = pad_1d([item["audio"] for item in items])
         tokens, token_lens = pad_1d([item["tokens"] for item in items])
-        # The lengths also as Python ints: a step that needs them on the host (CTC's lengths) reads them without
-        # waiting for the device.
+        # The token counts also as Python ints (``audio_samples`` too, added by ``__getitem__``): a step that needs
+        # them on the host (CTC's lengths) reads them without waiting for the device.
         return {"ids": [item["id"] for item in items], "audio": audio, "audio_lens": audio_lens, "tokens": tokens,
-                "token_lens": token_lens, "audio_samples": audio_lens.tolist(),
-                "token_counts": token_lens.tolist()}  # fmt: skip
+                "token_lens": token_lens, "token_counts": token_lens.tolist()}  # fmt: skip
 
 
 class TtsCutDataset(CutDataset):

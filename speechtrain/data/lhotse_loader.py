@@ -581,7 +581,7 @@ class EvaluationSampler:
         from lhotse import CutSet
 
         every = list(cuts)
-        shares = [CutSet([c for c in every[r::dp_world_size]]) for r in range(dp_world_size)]
+        shares = [CutSet(every[r::dp_world_size]) for r in range(dp_world_size)]
         samplers = [build_sampler(share, cfg, 0, 1, constraint) for share in shares]
         counts = [sum(1 for _ in sampler) for sampler in samplers]
         self.sampler, self.batches, self.epoch = samplers[dp_rank], max(counts), 0

@@ -57,7 +57,8 @@ class ProgressLog(Callback):
     @staticmethod
     def _time_left(trainer: Any, elapsed: float, step: int, max_steps: int) -> float | None:
         timer = next((c for c in trainer.callbacks if isinstance(c, Timer)), None)
-        left = [timer.time_remaining("train")] if timer is not None and timer.time_remaining("train") else []
+        remaining = timer.time_remaining("train") if timer is not None else None
+        left = [remaining] if remaining else []
         if max_steps and max_steps > 0 and step > 0:
             left.append(elapsed / step * (max_steps - step))
         return min(left) if left else None

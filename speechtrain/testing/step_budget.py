@@ -15,6 +15,7 @@ and the data-dependent operators by a ``TorchDispatchMode``, so they are found o
 made on a GPU. ``benchmarks/step_budget.py`` runs it on each model family; tests hold the counts.
 """
 
+import inspect
 import json
 import sys
 from collections import Counter
@@ -23,6 +24,7 @@ from typing import Any
 
 import lightning.pytorch as pl
 import torch
+import torch.distributed as dist
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -61,10 +63,6 @@ def _caller() -> str:
 
 def _group_ranks(function: Any, args: tuple, kwargs: dict) -> str:
     """The global ranks of the call's process group, e.g. ``g0,1`` (the world when none is given)."""
-    import inspect
-
-    import torch.distributed as dist
-
     try:
         group = inspect.signature(function).bind_partial(*args, **kwargs).arguments.get("group")
         ranks = dist.get_process_group_ranks(group if group is not None else dist.group.WORLD)
@@ -218,7 +216,6 @@ class StepBudget(pl.Callback):
             cls.__next__ = fetch
 
     def _patch_collectives(self) -> None:
-        import torch.distributed as dist
         from torch.distributed import distributed_c10d
 
         for name in COLLECTIVES:
