@@ -21,12 +21,12 @@ layers, depthwise convolutions, a transducer's decoder and joint) are then avera
 all-reduce, so that TP peers make the same update and their copies never drift apart.
 
 Every rank issues the same collectives in the same order whatever its data: the gradient buckets are reduced in
-``finalize_model_grads`` in their fixed order (``overlap_grad_reduce`` off, the default), then the replicated
+``finalize_model_grads`` in their fixed order (``overlap_grad_reduce`` off), then the replicated
 parameters' gradients over TP (TP > 1), then the token count, then the reported loss; a rank whose batch is
 empty (every utterance skipped) or whose parameters partly got no gradient (a text-only SALM batch) contributes
-zeros to the same calls. ``overlap_grad_reduce=True`` launches each bucket as soon as its gradients are ready,
-overlapping communication with backward; Megatron then requires every trainable parameter to receive a gradient
-in every step on every rank, so it is for models without data-dependent branches.
+zeros to the same calls. ``overlap_grad_reduce=True`` (the strategy's default for models whose every parameter
+gets a gradient in every step, the ASR models) launches each bucket as soon as its gradients are ready,
+overlapping communication with backward; a rank with an empty batch launches its buckets (zeros) itself.
 """
 
 import contextlib
@@ -144,7 +144,7 @@ class MegatronParallel:
         )
         self.ddp = DistributedDataParallel(self.config, ddp_config, module)
         self._replicated = self._replicated_params()  # their gradients are averaged over TP after each step
-        self._replicated_views: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None
+        self._replicated_views: tuple[list[torch.Tensor], list[int]] | None = None
         self.config.no_sync_func = self._no_sync
         self._accumulating = False  # this batch is not the last of an accumulation window
         # Tokens of the window's earlier batches (gradients accumulate until the window's last batch).
@@ -214,15 +214,15 @@ class MegatronParallel:
             return
         from megatron.core import parallel_state as mpu
 
-        grads = [p.main_grad for p in self._replicated]
-        if self._replicated_views is None or any(g is not s for g, s in zip(grads, self._replicated_views[0])):
-            self._replicated_views = (grads, [g.view(-1) for g in grads])
-        views = self._replicated_views[1]
+        if self._replicated_views is None:  # Megatron's gradient buffer lives as long as this engine: views once
+            views = [p.main_grad.view(-1) for p in self._replicated]
+            self._replicated_views = (views, [v.numel() for v in views])
+        views, sizes = self._replicated_views
         flat = torch.cat(views)
         group = mpu.get_tensor_model_parallel_group()
         torch.distributed.all_reduce(flat, group=group)
         flat.mul_(1.0 / torch.distributed.get_world_size(group))
-        torch._foreach_copy_(views, flat.split([v.numel() for v in views]))
+        torch._foreach_copy_(views, flat.split(sizes))
 
     # ------------------------------------------------------------------------------------------------ a step
     def _loss_func(self, batch: Any, output: torch.Tensor) -> tuple:
