@@ -1,10 +1,11 @@
-"""Hugging Face Llama / Qwen2 checkpoints <-> the Megatron ``GPTModel`` of :mod:`speechtrain.speechlm.backbone`.
+"""Hugging Face Llama / Qwen2 / Qwen3 checkpoints <-> Megatron's ``GPTModel`` of :mod:`speechtrain.speechlm.backbone`.
 
 Names (HF ``model.layers.{i}.`` -> Megatron ``decoder.layers.{i}.``)::
 
     model.embed_tokens.weight                 embedding.word_embeddings.weight      (vocab rows split over TP)
     input_layernorm.weight                    input_layernorm.weight                (TE: linear_qkv.layer_norm_weight)
     self_attn.{q,k,v}_proj.{weight,bias}      self_attention.linear_qkv.{weight,bias}
+    self_attn.{q,k}_norm.weight               self_attention.{q,k}_layernorm.weight (Qwen3; one head wide)
     self_attn.o_proj.weight                   self_attention.linear_proj.weight     (input columns split over TP)
     post_attention_layernorm.weight           pre_mlp_layernorm.weight              (TE: linear_fc1.layer_norm_weight)
     mlp.{gate,up}_proj.weight                 mlp.linear_fc1.weight
@@ -14,12 +15,18 @@ Names (HF ``model.layers.{i}.`` -> Megatron ``decoder.layers.{i}.``)::
 
 Layouts: ``linear_qkv`` rows are grouped by KV head, each group holding its query heads, then its key head, then its
 value head ([q_g0 | k_g0 | v_g0 | q_g1 | ...]); the groups are contiguous, so TP rank r holds groups r/tp..(r+1)/tp.
-``linear_fc1`` is [gate; up] in full, [gate_r; up_r] on TP rank r (Megatron's ``partition_stride`` 2). The
-conversions below work on full tensors, the layout of a one-process model;
-:func:`speechtrain.lightning.checkpoint.shard_full_state_dict` and ``gather_full_state_dict`` go between them and
-the TP shards.
+``linear_fc1`` is [gate; up] in full, [gate_r; up_r] on TP rank r (Megatron's ``partition_stride`` 2). Every split
+tensor of a TP rank is therefore built from equal, contiguous shares of HF tensors (rows, or columns for
+``o_proj`` / ``down_proj``): loading reads just those shares with safetensors' slices. Export gathers the full
+tensors (:func:`speechtrain.lightning.checkpoint.gather_full_state_dict`) and converts them.
+
+``config.json``: ``rope_theta`` + ``rope_scaling`` (transformers < 5) or ``rope_parameters`` (5.x; when both are
+there ``rope_scaling`` wins, as in transformers). Rotary types ``default``, ``linear``, ``dynamic``, ``llama3`` and
+``yarn`` are converted (:func:`speechtrain.speechlm.backbone.rope_frequencies`); others (``longrope``, ...), unknown
+keys, partial rotary, sliding windows and biases the backbone lacks are refused by name.
 """
 
+import contextlib
 import dataclasses
 import json
 import shutil
@@ -29,8 +36,8 @@ from typing import Any
 import torch
 
 from speechtrain.lightning import parallel_state
-from speechtrain.lightning.checkpoint import gather_full_state_dict, shard_full_state_dict
-from speechtrain.speechlm.backbone import GPTConfig, build_gpt
+from speechtrain.lightning.checkpoint import gather_full_state_dict
+from speechtrain.speechlm.backbone import ROPE_SCALING_KEYS, GPTConfig, build_gpt
 
 TOKENIZER_FILES = (
     "tokenizer.json",
@@ -43,33 +50,76 @@ TOKENIZER_FILES = (
     "added_tokens.json",
     "chat_template.jinja",
 )
-_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}
+_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+# transformers' defaults where config.json leaves a key out
+_DEFAULT_HEAD_DIM = {"qwen3": 128}
+_DEFAULT_MAX_POSITIONS = {"llama": 2048, "qwen2": 32768, "qwen3": 32768}
+
+
+def _rope_from_hf(hf: dict[str, Any], path: Path, max_positions: int) -> tuple[float, dict[str, Any] | None]:
+    """``(rope_theta, rope_scaling)`` of a ``config.json``: the scaling dict in :class:`GPTConfig` form (``rope_type``
+    and the type's keys, transformers' defaults filled in), None for plain RoPE."""
+    field = "rope_scaling" if hf.get("rope_scaling") else "rope_parameters"
+    rope = dict(hf.get(field) or {})
+    theta = float(rope.pop("rope_theta", None) or hf.get("rope_theta") or 10000.0)
+    kind = rope.pop("rope_type", None) or rope.get("type") or "default"
+    rope.pop("type", None)
+    partial = rope.pop("partial_rotary_factor", hf.get("partial_rotary_factor"))
+    if partial not in (None, 1, 1.0):
+        raise ValueError(f"{path}: partial_rotary_factor={partial!r} is not supported (every head dimension rotates).")
+    if kind == "default":
+        if rope:
+            raise ValueError(f"{path}: {field} keys {sorted(rope)} are not supported for rope_type='default'.")
+        return theta, None
+    if kind not in ROPE_SCALING_KEYS:
+        raise ValueError(f"{path}: {field}.rope_type={kind!r} is not supported by speechtrain's GPT backbone "
+                         f"(supported: 'default', {', '.join(map(repr, ROPE_SCALING_KEYS))}).")  # fmt: skip
+    required, optional = ROPE_SCALING_KEYS[kind]
+    unknown = sorted(set(rope) - set(required) - set(optional))
+    if unknown:
+        raise ValueError(f"{path}: {field} keys {unknown} are not supported for rope_type={kind!r} "
+                         f"(known: {[*required, *optional]}).")  # fmt: skip
+    if "original_max_position_embeddings" in required:  # transformers: a top-level value wins, else the context
+        rope["original_max_position_embeddings"] = hf.get(
+            "original_max_position_embeddings", rope.get("original_max_position_embeddings") or max_positions
+        )
+    if kind == "yarn" and rope.get("factor") is None:  # transformers: the stretch from the original context
+        rope["factor"] = max_positions / rope["original_max_position_embeddings"]
+    missing = [key for key in required if rope.get(key) is None]
+    if missing:
+        raise ValueError(f"{path}: {field} with rope_type={kind!r} needs {missing}.")
+    return theta, {"rope_type": kind, **{k: rope[k] for k in (*required, *optional) if rope.get(k) is not None}}
 
 
 def gpt_config_from_hf(folder: str | Path, **overrides: Any) -> GPTConfig:
-    """The :class:`GPTConfig` of a Llama- or Qwen2-style ``config.json``; ValueError for what we cannot represent."""
-    hf = json.loads((Path(folder) / "config.json").read_text())
+    """The :class:`GPTConfig` of a Llama-, Qwen2- or Qwen3-style ``config.json``; ValueError (naming the file and the
+    key) for what the backbone cannot represent."""
+    path = Path(folder) / "config.json"
+    hf = json.loads(path.read_text())
     kind = hf.get("model_type")
     if kind not in _ARCHITECTURES:
-        raise ValueError(f"config.json: model_type={kind!r} is not supported (only 'llama' or 'qwen2').")
+        raise ValueError(f"{path}: model_type={kind!r} is not supported (one of {list(_ARCHITECTURES)}).")
     heads, hidden = hf["num_attention_heads"], hf["hidden_size"]
-    # transformers < 5 writes rope_theta (+ rope_scaling); 5.x writes rope_parameters {rope_type, rope_theta}.
-    rope_field = "rope_parameters" if hf.get("rope_parameters") else "rope_scaling"
-    rope = hf.get(rope_field) or {}
-    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    head_dim = hf.get("head_dim") or _DEFAULT_HEAD_DIM.get(kind)
+    if head_dim is None:
+        if hidden % heads:
+            raise ValueError(f"{path}: hidden_size={hidden} is not divisible by num_attention_heads={heads} "
+                             "(and no head_dim is given).")  # fmt: skip
+        head_dim = hidden // heads
+    max_positions = hf.get("max_position_embeddings") or _DEFAULT_MAX_POSITIONS[kind]
+    rope_theta, rope_scaling = _rope_from_hf(hf, path, max_positions)
+    layer_types = hf.get("layer_types") or []
     problems = {
-        rope_field: hf.get(rope_field) if rope_type != "default" else None,
-        "head_dim": hf.get("head_dim") if hf.get("head_dim") not in (None, hidden // heads) else None,
         "mlp_bias": hf.get("mlp_bias") or None,
         "hidden_act": hf.get("hidden_act") if hf.get("hidden_act", "silu") != "silu" else None,
-        "attention_bias": (hf.get("attention_bias") or None) if kind == "llama" else None,  # llama: o_proj bias too
+        # llama and qwen3: attention_bias adds an o_proj bias too (qwen2 always has q/k/v biases, never o_proj's)
+        "attention_bias": (hf.get("attention_bias") or None) if kind != "qwen2" else None,
         "use_sliding_window": hf.get("use_sliding_window") or None,
+        "layer_types": layer_types if any(t != "full_attention" for t in layer_types) else None,
     }
     for field, value in problems.items():
         if value is not None:
-            raise ValueError(f"config.json: {field}={value!r} is not supported by speechtrain's GPT backbone.")
-    if hidden % heads:
-        raise ValueError(f"config.json: hidden_size={hidden} is not divisible by num_attention_heads={heads}.")
+            raise ValueError(f"{path}: {field}={value!r} is not supported by speechtrain's GPT backbone.")
     cfg = GPTConfig(
         vocab_size=hf["vocab_size"],
         hidden_size=hidden,
@@ -77,11 +127,14 @@ def gpt_config_from_hf(folder: str | Path, **overrides: Any) -> GPTConfig:
         num_attention_heads=heads,
         num_query_groups=hf.get("num_key_value_heads") or heads,
         ffn_hidden_size=hf["intermediate_size"],
-        max_position_embeddings=hf.get("max_position_embeddings", 2048),
-        rope_theta=float(rope.get("rope_theta", hf.get("rope_theta", 10000.0))),
+        max_position_embeddings=max_positions,
+        rope_theta=rope_theta,
         norm_eps=hf.get("rms_norm_eps", 1e-6),
         tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
         qkv_bias=kind == "qwen2",
+        kv_channels=None if head_dim * heads == hidden else head_dim,
+        qk_layernorm=kind == "qwen3",
+        rope_scaling=rope_scaling,
         architecture=kind,
     )
     return dataclasses.replace(cfg, **overrides)
@@ -106,19 +159,24 @@ def _megatron_names(model: torch.nn.Module) -> tuple[str, str]:
     return "input_layernorm.weight", "pre_mlp_layernorm.weight"
 
 
-def _hf_to_megatron(hf: dict[str, torch.Tensor], cfg: GPTConfig, norms: tuple[str, str]) -> dict:
-    """Full Megatron tensors from HF tensors; pops what it uses from ``hf``."""
-    groups, per_group, dim = cfg.kv_heads, cfg.num_attention_heads // cfg.kv_heads, cfg.head_dim
-    out = {"embedding.word_embeddings.weight": hf.pop("model.embed_tokens.weight"),
-           "decoder.final_layernorm.weight": hf.pop("model.norm.weight")}  # fmt: skip
+def _hf_to_megatron(take: Any, cfg: GPTConfig, norms: tuple[str, str], tp: int) -> dict[str, torch.Tensor]:
+    """This TP rank's Megatron tensors (of ``tp`` ranks); ``take(name, dim)`` gives the HF tensor ``name`` whole
+    (``dim`` None) or this rank's equal share along ``dim``."""
+    groups, per_group, dim = cfg.kv_heads // tp, cfg.num_attention_heads // cfg.kv_heads, cfg.head_dim
+    rows, cols = 0, 1
+    out = {"embedding.word_embeddings.weight": take("model.embed_tokens.weight", rows),
+           "decoder.final_layernorm.weight": take("model.norm.weight", None)}  # fmt: skip
     if not cfg.tie_word_embeddings:
-        out["output_layer.weight"] = hf.pop("lm_head.weight")
+        out["output_layer.weight"] = take("lm_head.weight", rows)
     for i in range(cfg.num_layers):
         src, dst = f"model.layers.{i}.", f"decoder.layers.{i}."
-        out[dst + norms[0]] = hf.pop(src + "input_layernorm.weight")
-        out[dst + norms[1]] = hf.pop(src + "post_attention_layernorm.weight")
+        out[dst + norms[0]] = take(src + "input_layernorm.weight", None)
+        out[dst + norms[1]] = take(src + "post_attention_layernorm.weight", None)
+        if cfg.qk_layernorm:
+            for p in "qk":
+                out[f"{dst}self_attention.{p}_layernorm.weight"] = take(f"{src}self_attn.{p}_norm.weight", None)
         for kind in ("weight", "bias") if cfg.qkv_bias else ("weight",):
-            q, k, v = (hf.pop(f"{src}self_attn.{p}_proj.{kind}") for p in "qkv")
+            q, k, v = (take(f"{src}self_attn.{p}_proj.{kind}", rows) for p in "qkv")
             rest = q.shape[1:]
             qkv = [
                 q.reshape(groups, per_group * dim, *rest),
@@ -126,10 +184,10 @@ def _hf_to_megatron(hf: dict[str, torch.Tensor], cfg: GPTConfig, norms: tuple[st
                 v.reshape(groups, dim, *rest),
             ]
             out[f"{dst}self_attention.linear_qkv.{kind}"] = torch.cat(qkv, dim=1).reshape(-1, *rest)
-        out[dst + "self_attention.linear_proj.weight"] = hf.pop(src + "self_attn.o_proj.weight")
-        out[dst + "mlp.linear_fc1.weight"] = torch.cat([hf.pop(src + "mlp.gate_proj.weight"),
-                                                        hf.pop(src + "mlp.up_proj.weight")])  # fmt: skip
-        out[dst + "mlp.linear_fc2.weight"] = hf.pop(src + "mlp.down_proj.weight")
+        out[dst + "self_attention.linear_proj.weight"] = take(src + "self_attn.o_proj.weight", cols)
+        out[dst + "mlp.linear_fc1.weight"] = torch.cat([take(src + "mlp.gate_proj.weight", rows),
+                                                        take(src + "mlp.up_proj.weight", rows)])  # fmt: skip
+        out[dst + "mlp.linear_fc2.weight"] = take(src + "mlp.down_proj.weight", cols)
     return out
 
 
@@ -144,6 +202,9 @@ def _megatron_to_hf(meg: dict[str, torch.Tensor], cfg: GPTConfig, norms: tuple[s
         src, dst = f"decoder.layers.{i}.", f"model.layers.{i}."
         out[dst + "input_layernorm.weight"] = meg[src + norms[0]]
         out[dst + "post_attention_layernorm.weight"] = meg[src + norms[1]]
+        if cfg.qk_layernorm:
+            for p in "qk":
+                out[f"{dst}self_attn.{p}_norm.weight"] = meg[f"{src}self_attention.{p}_layernorm.weight"]
         for kind in ("weight", "bias") if cfg.qkv_bias else ("weight",):
             qkv = meg[f"{src}self_attention.linear_qkv.{kind}"]
             rest = qkv.shape[1:]
@@ -157,41 +218,63 @@ def _megatron_to_hf(meg: dict[str, torch.Tensor], cfg: GPTConfig, norms: tuple[s
     return out
 
 
-def _read_safetensors(folder: Path) -> dict[str, torch.Tensor]:
-    from safetensors import safe_open
+class _CheckpointReader(contextlib.ExitStack):
+    """The safetensors of an HF folder (single or sharded), one tensor at a time: whole, or TP rank ``rank``'s equal
+    share along one dimension, read as a safetensors slice (no rank reads the others' shares). ``unused``: the
+    names not taken yet."""
 
-    index = folder / "model.safetensors.index.json"
-    if index.exists():
-        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-    elif (folder / "model.safetensors").exists():
-        files = ["model.safetensors"]
-    else:
-        raise FileNotFoundError(f"{folder}: neither model.safetensors nor model.safetensors.index.json found.")
-    tensors = {}
-    for name in files:
-        with safe_open(str(folder / name), framework="pt") as reader:
-            tensors.update({key: reader.get_tensor(key) for key in reader.keys()})  # noqa: SIM118
-    return tensors
+    def __init__(self, folder: Path, rank: int, size: int) -> None:
+        from safetensors import safe_open
+
+        super().__init__()
+        self._safe_open, self.folder, self.rank, self.size = safe_open, folder, rank, size
+        index = folder / "model.safetensors.index.json"
+        if index.exists():
+            self.where = json.loads(index.read_text())["weight_map"]
+        elif (folder / "model.safetensors").exists():
+            with safe_open(str(folder / "model.safetensors"), framework="pt") as reader:
+                self.where = dict.fromkeys(reader.keys(), "model.safetensors")
+        else:
+            raise FileNotFoundError(f"{folder}: neither model.safetensors nor model.safetensors.index.json found.")
+        self.unused = set(self.where)
+        self._files: dict[str, Any] = {}
+
+    def take(self, name: str, dim: int | None) -> torch.Tensor:
+        if name not in self.where:
+            raise KeyError(name)
+        self.unused.discard(name)
+        file = self.where[name]
+        if file not in self._files:
+            self._files[file] = self.enter_context(self._safe_open(str(self.folder / file), framework="pt"))
+        tensor = self._files[file].get_slice(name)
+        if dim is None or self.size == 1:
+            return tensor[:]
+        length = tensor.get_shape()[dim]
+        if length % self.size:
+            raise ValueError(f"{self.folder / file}: {name} has {length} along dimension {dim}, not divisible by "
+                             f"tensor_model_parallel_size={self.size}.")  # fmt: skip
+        share = slice(self.rank * length // self.size, (self.rank + 1) * length // self.size)
+        return tensor[share] if dim == 0 else tensor[:, share]
 
 
 def load_hf_weights(model: torch.nn.Module, folder: str | Path, cfg: GPTConfig) -> None:
-    """Fill ``model`` (this TP rank's shards) from the safetensors of an HF folder; every weight must be used."""
-    _check_parallel(cfg)
-    hf = _read_safetensors(Path(folder))
-    hf = {k: v for k, v in hf.items() if not k.endswith("rotary_emb.inv_freq")}
-    if cfg.tie_word_embeddings:
-        hf.pop("lm_head.weight", None)  # some tied checkpoints store the shared matrix twice
-    try:
-        full = _hf_to_megatron(hf, cfg, _megatron_names(model))
-    except KeyError as error:
-        raise ValueError(f"{folder}: HF tensor {error.args[0]} is missing from the checkpoint.") from None
-    if hf:
-        raise ValueError(f"{folder}: unexpected HF tensors (not loaded): {sorted(hf)}")
+    """Fill ``model`` (this TP rank's shards) from the safetensors of an HF folder; every weight must be used. Each
+    rank reads the replicated tensors and its own shares of the split ones only."""
+    tp = _check_parallel(cfg)
+    with _CheckpointReader(Path(folder), parallel_state.tensor_parallel_rank(), tp) as reader:
+        reader.unused -= {k for k in reader.unused if k.endswith("rotary_emb.inv_freq")}
+        if cfg.tie_word_embeddings:
+            reader.unused.discard("lm_head.weight")  # some tied checkpoints store the shared matrix twice
+        try:
+            state = _hf_to_megatron(reader.take, cfg, _megatron_names(model), tp)
+        except KeyError as error:
+            raise ValueError(f"{folder}: HF tensor {error.args[0]} is missing from the checkpoint.") from None
+        if reader.unused:
+            raise ValueError(f"{folder}: unexpected HF tensors (not loaded): {sorted(reader.unused)}")
     expected = {k: v for k, v in model.state_dict().items() if not k.endswith("_extra_state")}
-    if set(full) != set(expected):
-        raise ValueError(f"HF -> Megatron names: missing {sorted(set(expected) - set(full))}, "
-                         f"unexpected {sorted(set(full) - set(expected))}")  # fmt: skip
-    state = shard_full_state_dict(model, full)
+    if set(state) != set(expected):
+        raise ValueError(f"HF -> Megatron names: missing {sorted(set(expected) - set(state))}, "
+                         f"unexpected {sorted(set(state) - set(expected))}")  # fmt: skip
     for name, tensor in state.items():
         if tensor.shape != expected[name].shape:
             raise ValueError(f"{name}: HF gives shape {tuple(tensor.shape)}, model has {tuple(expected[name].shape)}")
@@ -202,14 +285,21 @@ def load_hf_weights(model: torch.nn.Module, folder: str | Path, cfg: GPTConfig) 
 
 
 def hf_config_dict(cfg: GPTConfig) -> dict[str, Any]:
-    """A ``config.json`` for transformers (4.x reads ``rope_theta``, 5.x ``rope_parameters``)."""
-    if cfg.architecture not in _ARCHITECTURES:
-        raise ValueError(f"architecture={cfg.architecture!r}: export supports only 'llama' or 'qwen2'.")
-    if cfg.architecture == "llama" and cfg.qkv_bias:
-        raise ValueError("architecture='llama' cannot hold q/k/v biases without an o_proj bias; export as 'qwen2'.")
+    """A ``config.json`` for transformers (4.x reads ``rope_theta`` and ``rope_scaling``, 5.x ``rope_parameters``);
+    ValueError for a ``cfg`` the architecture it names cannot hold."""
+    arch = cfg.architecture
+    if arch not in _ARCHITECTURES:
+        raise ValueError(f"architecture={arch!r}: export supports only {list(_ARCHITECTURES)}.")
+    if cfg.qkv_bias != (arch == "qwen2"):
+        raise ValueError(f"architecture={arch!r} with qkv_bias={cfg.qkv_bias}: only 'qwen2' has q/k/v biases "
+                         "(and it always has them; the others' attention_bias adds an o_proj bias too).")  # fmt: skip
+    if cfg.qk_layernorm != (arch == "qwen3"):
+        raise ValueError(f"architecture={arch!r} with qk_layernorm={cfg.qk_layernorm}: only 'qwen3' has q/k norms "
+                         "(and it always has them).")  # fmt: skip
+    rope = {"rope_type": "default", **(cfg.rope_scaling or {})}
     config = {
-        "architectures": [_ARCHITECTURES[cfg.architecture]],
-        "model_type": cfg.architecture,
+        "architectures": [_ARCHITECTURES[arch]],
+        "model_type": arch,
         "vocab_size": cfg.vocab_size,
         "hidden_size": cfg.hidden_size,
         "intermediate_size": cfg.ffn_hidden_size,
@@ -221,17 +311,21 @@ def hf_config_dict(cfg: GPTConfig) -> dict[str, Any]:
         "max_position_embeddings": cfg.max_position_embeddings,
         "rms_norm_eps": cfg.norm_eps,
         "rope_theta": cfg.rope_theta,
-        "rope_parameters": {"rope_type": "default", "rope_theta": cfg.rope_theta},
+        "rope_parameters": {**rope, "rope_theta": cfg.rope_theta},
         "tie_word_embeddings": cfg.tie_word_embeddings,
         "attention_dropout": 0.0,
         "initializer_range": 0.02,
         "use_cache": True,
         "torch_dtype": "float32",
     }
-    if cfg.architecture == "llama":
+    if cfg.rope_scaling:
+        config["rope_scaling"] = rope
+    if arch == "llama":
         config.update(attention_bias=False, mlp_bias=False)
     else:
         config.update(use_sliding_window=False, sliding_window=None, max_window_layers=cfg.num_layers)
+    if arch == "qwen3":
+        config.update(attention_bias=False)
     return config
 
 
@@ -261,7 +355,8 @@ def export_hf(model: torch.nn.Module, cfg: GPTConfig, out_dir: str | Path, token
 
 
 def import_hf(folder: str | Path, **overrides: Any) -> tuple[torch.nn.Module, GPTConfig]:
-    """Build the Megatron GPT of an HF Llama / Qwen2 folder and load its weights (parallel state must be set up)."""
+    """Build the Megatron GPT of an HF Llama / Qwen2 / Qwen3 folder and load its weights (parallel state must be set
+    up)."""
     cfg = gpt_config_from_hf(folder, **overrides)
     _check_parallel(cfg)
     model = build_gpt(cfg)
