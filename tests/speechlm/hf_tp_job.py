@@ -1,6 +1,6 @@
-"""Import a Hugging Face Llama / Qwen2 folder into Megatron's GPT under tensor parallelism, compute logits and export
-it back; launched by test_speechlm_hf.py with torchrun (TP=2, gloo). For the i-th ``--hf`` folder rank 0 writes
-``<out>/<i>.pt``, the logits of ``--ids`` (a saved (B, T) tensor); every rank takes part in the export to
+"""Import a Hugging Face Llama / Qwen2 / Qwen3 folder into Megatron's GPT under tensor parallelism, compute logits
+and export it back; launched by test_speechlm_hf.py with torchrun (TP=2, gloo). For the i-th ``--hf`` folder rank 0
+writes ``<out>/<i>.pt``, the logits of ``--ids`` (a saved (B, T) tensor); every rank takes part in the export to
 ``<out>/<i>.hf``."""
 
 import argparse

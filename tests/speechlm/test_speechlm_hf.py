@@ -251,6 +251,69 @@ def test_vocab_not_divisible_by_tp_raises(tmp_path, monkeypatch):
         import_hf(_write_config(tmp_path, vocab_size=97))
 
 
+# Megatron's TP layout of each split tensor: (dimension, stride); see speechtrain.lightning.checkpoint.
+_SPLIT = {"word_embeddings.weight": (0, 1), "output_layer.weight": (0, 1), "linear_qkv.weight": (0, 1),
+          "linear_proj.weight": (1, 1), "linear_fc1.weight": (0, 2), "linear_fc2.weight": (1, 1)}  # fmt: skip
+
+
+def test_tensor_parallel_rank_reads_only_its_shares(tmp_path, monkeypatch):
+    """Each TP rank's tensors are Megatron's slices of the full ones, and the rank reads from the safetensors no
+    more elements than it keeps (split tensors come as slices, never whole)."""
+    import safetensors
+
+    from speechtrain.speechlm.hf import _CheckpointReader, _hf_to_megatron
+
+    folder = _save(_hf_model("qwen3", False), tmp_path / "hf", sharded=True)
+    cfg = gpt_config_from_hf(folder)
+    norms = ("input_layernorm.weight", "pre_mlp_layernorm.weight")
+    read = []
+    real_open = safetensors.safe_open
+
+    class CountingSlice:
+        def __init__(self, part):
+            self.part = part
+
+        def get_shape(self):
+            return self.part.get_shape()
+
+        def __getitem__(self, index):
+            read.append(self.part[index].numel())
+            return self.part[index]
+
+    class CountingOpen:
+        def __init__(self, *args, **kwargs):
+            self.file = real_open(*args, **kwargs)
+
+        def __enter__(self):
+            self.file.__enter__()
+            return self
+
+        def __exit__(self, *exc):
+            return self.file.__exit__(*exc)
+
+        def keys(self):
+            return self.file.keys()
+
+        def get_slice(self, name):
+            return CountingSlice(self.file.get_slice(name))
+
+    monkeypatch.setattr(safetensors, "safe_open", CountingOpen)
+    with _CheckpointReader(folder, 0, 1) as reader:
+        full = _hf_to_megatron(reader.take, cfg, norms, 1)
+    assert not reader.unused and sum(read) == sum(t.numel() for t in full.values())
+    for rank in range(2):
+        read.clear()
+        with _CheckpointReader(folder, rank, 2) as reader:
+            shard = _hf_to_megatron(reader.take, cfg, norms, 2)
+        assert shard.keys() == full.keys() and not reader.unused
+        for name, tensor in full.items():
+            dim, stride = next((v for k, v in _SPLIT.items() if name.endswith(k)), (None, 1))
+            if dim is not None:
+                tensor = torch.cat([part.chunk(2, dim)[rank] for part in tensor.chunk(stride, dim)], dim)
+            assert torch.equal(shard[name], tensor), name
+        assert sum(read) == sum(t.numel() for t in shard.values()) < 0.6 * sum(t.numel() for t in full.values())
+
+
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -259,11 +322,12 @@ def _free_port() -> int:
 
 @pytest.mark.multiprocess
 def test_tensor_parallel_import_and_export(tmp_path):
-    """TP=2 (one launch, two models): Qwen2 with untied output layer and QKV biases, tied Llama."""
-    cases = [("qwen2", False), ("llama", True)]
-    models = [_hf_model(arch, tied, seed=2) for arch, tied in cases]
+    """TP=2 (one launch, three models): Qwen2 with untied output layer and QKV biases, tied Llama, Qwen3 (q/k norms,
+    its own head width) with YaRN scaling."""
+    cases = [("qwen2", False, None), ("llama", True, None), ("qwen3", False, ROPE_CASES["yarn"][1])]
+    models = [_hf_model(arch, tied, seed=2, rope=rope) for arch, tied, rope in cases]
     folders = [_save(hf, tmp_path / f"hf{i}") for i, hf in enumerate(models)]
-    ids = _ids()
+    ids = _ids(batch=2, length=24)
     torch.save(ids, tmp_path / "ids.pt")
     out = tmp_path / "tp2"
     out.mkdir()
@@ -272,7 +336,7 @@ def test_tensor_parallel_import_and_export(tmp_path):
                str(JOB), "--hf", *map(str, folders), "--ids", str(tmp_path / "ids.pt"), "--out", str(out)]  # fmt: skip
     result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=240, check=False)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
-    for i, ((arch, tied), hf) in enumerate(zip(cases, models)):
+    for i, ((arch, tied, _), hf) in enumerate(zip(cases, models)):
         theirs = _hf_logits(hf, ids)
         ours = torch.load(out / f"{i}.pt")
         print(f"TP=2 {arch} tied={tied}: max |logit diff| = {(ours - theirs).abs().max().item():.2e}")
