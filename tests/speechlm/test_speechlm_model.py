@@ -3,6 +3,7 @@ and TP=2 training equal to TP=1."""
 
 import csv
 import json
+import math
 import socket
 import subprocess
 import sys
@@ -213,6 +214,45 @@ def test_llm_and_encoder_from_hf_folder_and_asr_archive(tokenizer_file, tmp_path
     cfg.perception.asr_model = str(tmp_path / "conditioned.stm")
     with pytest.raises(ValueError, match="self-conditioned CTC model"):
         prepare_salm_config(cfg)
+
+
+def test_salm_trains_on_a_qwen3_folder(tokenizer_file, dtmf_manifest, tmp_path):
+    """A Qwen3 LLM (q/k norms, a head width of its own, YaRN scaling) from a Hugging Face folder: SALM imports it
+    and a few training steps lower the loss."""
+    from omegaconf import OmegaConf
+
+    from speechtrain.common.config import validate_config
+    from speechtrain.speechlm.backbone import GPTConfig, build_gpt
+    from speechtrain.speechlm.hf import export_hf
+    from speechtrain.speechlm.model import SALMConfig, SALMModel, prepare_salm_config
+
+    ensure_parallel_state()
+    config = tiny_salm_config(tokenizer_file, dtmf_manifest)
+    yarn = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 128}
+    qwen3 = GPTConfig(**config["llm"]["config"], kv_channels=16, qk_layernorm=True, rope_scaling=yarn,
+                      architecture="qwen3", seed=11)  # fmt: skip
+    export_hf(build_gpt(qwen3), qwen3, tmp_path / "qwen3", tokenizer_dir=Path(tokenizer_file).parent)
+    cfg = validate_config({**config, "llm": {"hf_path": str(tmp_path / "qwen3")}}, SALMConfig)
+    prepare_salm_config(cfg)
+    llm = cfg.llm.config
+    assert (llm.architecture, llm.qk_layernorm, llm.kv_channels, llm.rope_scaling) == ("qwen3", True, 16, yarn)
+    torch.manual_seed(0)
+    model = SALMModel(OmegaConf.to_container(cfg))
+    model.configure_model()
+    assert any(n.endswith("self_attention.q_layernorm.weight") for n, _ in model.llm.named_parameters())
+    assert type(model.llm.rotary_pos_emb).__name__ == "ScaledRotaryEmbedding"
+    batch = first_batch(model, "train")
+    optimizer = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=3e-3)
+    losses = []
+    for _ in range(4):
+        loss_sum, count = model.loss_step(batch, model.forward_step(batch))
+        loss = loss_sum / count
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    print("qwen3 SALM losses", losses)
+    assert all(map(math.isfinite, losses)) and losses[-1] < losses[0], losses
 
 
 def test_jsonl_conversations_with_two_audios(tokenizer_file, dtmf_manifest, tmp_path):
