@@ -9,7 +9,7 @@ Data flow of a training step::
     inject_audio: each placeholder replaced by one utterance's frames, labels = next token where the loss mask is set
     GPTModel(decoder_input=...) --vocab-parallel cross-entropy--> loss = summed CE / number of target tokens
 
-* The LLM comes from a Hugging Face folder (``llm.hf_path``: Llama / Qwen2 ``config.json``, safetensors,
+* The LLM comes from a Hugging Face folder (``llm.hf_path``: Llama / Qwen2 / Qwen3 ``config.json``, safetensors,
   tokenizer files; :mod:`speechtrain.speechlm.hf`) or is built from ``llm.config`` with ``llm.tokenizer``. The
   archive keeps only what rebuilds the model: the resolved config, the tokenizer files and the weights; the HF
   folder and the ASR archive are not needed to restore it.
