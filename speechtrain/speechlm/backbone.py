@@ -149,9 +149,8 @@ def rope_frequencies(cfg: GPTConfig, seq_len: int | None = None) -> tuple[torch.
         low, high = scaling["low_freq_factor"], scaling["high_freq_factor"]
         keep = ((original * inv_freq / (2 * math.pi) - low) / (high - low)).clamp(0.0, 1.0)
         return inv_freq * keep + inv_freq / factor * (1.0 - keep), 1.0
-    # yarn
 
-    def index(turns: float) -> float:  # the (fractional) frequency index whose wavelength fits `turns` times
+    def index(turns: float) -> float:  # yarn: the (fractional) frequency index whose wavelength fits `turns` times
         return dim * math.log(original / (turns * 2 * math.pi)) / (2 * math.log(cfg.rope_theta))
 
     first, last = index(scaling.get("beta_fast") or 32), index(scaling.get("beta_slow") or 1)
