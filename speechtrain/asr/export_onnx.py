@@ -35,6 +35,7 @@ one needs ``onnxscript``, which is not a dependency).
 """
 
 import json
+import logging
 import math
 import os
 import sys
@@ -408,10 +409,16 @@ def _quantize(path: Path) -> Path:
 
     target = path.with_name(path.name.removesuffix(".onnx") + ".int8.onnx")
     big = path.with_name(path.name + ".data").exists()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        quantize_dynamic(path, target, weight_type=QuantType.QInt8, op_types_to_quantize=["MatMul", "Gemm"],
-                         use_external_data_format=big)  # fmt: skip
+    root = logging.getLogger()  # the quantiser logs a line per tensor it leaves alone, on the root logger
+    level = root.level
+    root.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            quantize_dynamic(path, target, weight_type=QuantType.QInt8, op_types_to_quantize=["MatMul", "Gemm"],
+                             use_external_data_format=big)  # fmt: skip
+    finally:
+        root.setLevel(level)
     return target
 
 
