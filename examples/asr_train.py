@@ -14,7 +14,6 @@ import time
 from dataclasses import dataclass
 
 import lightning.pytorch as pl
-from omegaconf import OmegaConf
 
 from speechtrain.asr.ctc import resolve_manifest
 from speechtrain.asr.jobs import asr_model_class, asr_model_schema, ensure_lm, ensure_tokenizer, fit_and_report
@@ -47,7 +46,7 @@ def main(cfg):
     ensure_lm(cfg.model.decoding, cfg.model.train_ds)
     if cfg.get("prepare_only"):  # a job composed with the bare train_job_schema (tests, other scripts) has no such key
         return prepare_report(cfg, start)
-    trainer = Trainer(**OmegaConf.to_container(cfg.trainer, resolve=True))
+    trainer = Trainer.from_job_config(cfg.trainer)
     log_dir = exp_manager(trainer, cfg.exp_manager, name=cfg.name, job_config=cfg)
     model = asr_model_class(cfg.model)(cfg.model)
     if cfg.init_from.path:

@@ -67,7 +67,7 @@ def main(cfg):
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     start = time.perf_counter()
     pl.seed_everything(cfg.seed, verbose=False)
-    trainer = Trainer(**OmegaConf.to_container(cfg.trainer, resolve=True))
+    trainer = Trainer.from_job_config(cfg.trainer)
     log_dir = Path(exp_manager(trainer, cfg.exp_manager, name=cfg.name, job_config=cfg))
     prepare_tokenizer(cfg, log_dir / "tokenizer")
     model = GPTPretrainModel(cfg.model)

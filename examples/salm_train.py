@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import lightning.pytorch as pl
-from omegaconf import OmegaConf
 
 from speechtrain.core.exp_manager import exp_manager, print_final
 from speechtrain.core.hydra_runner import hydra_runner
@@ -48,7 +47,7 @@ def main(cfg):
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     start = time.perf_counter()
     pl.seed_everything(cfg.seed, verbose=False)
-    trainer = Trainer(**OmegaConf.to_container(cfg.trainer, resolve=True))
+    trainer = Trainer.from_job_config(cfg.trainer)
     log_dir = Path(exp_manager(trainer, cfg.exp_manager, name=cfg.name, job_config=cfg))
     prepare_salm_config(cfg.model)
     model = SALMModel(cfg.model)

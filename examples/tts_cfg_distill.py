@@ -67,7 +67,7 @@ def main(cfg):
     teacher_path = (overrides.get("distillation") or {}).get("teacher_path")
     if not teacher_path:
         raise SystemExit("error: set model.distillation.teacher_path=<TTS archive> (the guided teacher).")
-    trainer = Trainer(**OmegaConf.to_container(cfg.trainer, resolve=True))
+    trainer = Trainer.from_job_config(cfg.trainer)
     log_dir = exp_manager(trainer, cfg.exp_manager, name=cfg.name, job_config=cfg)
     teacher = TTSModel.restore_from(teacher_path)
     student = student_from_teacher(teacher, overrides)

@@ -17,7 +17,6 @@ import time
 from dataclasses import dataclass
 
 import lightning.pytorch as pl
-from omegaconf import OmegaConf
 
 from speechtrain.core.exp_manager import exp_manager, print_final
 from speechtrain.core.hydra_runner import hydra_runner
@@ -50,7 +49,7 @@ def main(cfg):
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     start = time.perf_counter()
     pl.seed_everything(cfg.seed, verbose=False)
-    trainer = Trainer(**OmegaConf.to_container(cfg.trainer, resolve=True))
+    trainer = Trainer.from_job_config(cfg.trainer)
     log_dir = exp_manager(trainer, cfg.exp_manager, name=cfg.name, job_config=cfg)
     codec = prepare_tts_config(cfg.model, cfg.codec_model, cfg.codec_utterances)
     model = TTSModel(cfg.model)

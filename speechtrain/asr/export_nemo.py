@@ -30,7 +30,7 @@ import torch
 import yaml
 
 from speechtrain.asr.nemo_import import NEMO_CONFIG, NEMO_WEIGHTS, name_pairs
-from speechtrain.common.config import to_plain
+from speechtrain.common.config import to_plain, with_env_interpolations
 from speechtrain.common.tokenizers import SentencePieceTokenizer
 from speechtrain.lightning.checkpoint import gather_full_state_dict
 
@@ -265,7 +265,7 @@ def write_nemo(model: Any, path: str | Path) -> Path:
     if not isinstance(model.tokenizer, SentencePieceTokenizer):
         raise ValueError(f"{path}: this {name} has a {type(model.tokenizer).__name__}; the .nemo export writes "
                          "NeMo's EncDecCTCModelBPE, which needs a sentencepiece tokenizer.")  # fmt: skip
-    cfg = to_plain(model.cfg)
+    cfg = with_env_interpolations(to_plain(model.cfg), model.env_interpolations)
     if cfg["preprocessor"]["kind"] != "nemo":
         raise ValueError(f"{path}: this {name} uses the {cfg['preprocessor']['kind']!r} front-end, whose features "
                          "NeMo does not compute (HTK mel, no pre-emphasis); train with preprocessor.kind=nemo to "

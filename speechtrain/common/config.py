@@ -10,6 +10,8 @@ fine-tuning job's ``model`` node overrides the pretrained model's config).
 import dataclasses
 import difflib
 import inspect
+import logging
+import re
 import types
 import typing
 from collections.abc import Callable, Mapping
@@ -17,6 +19,8 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
+
+logger = logging.getLogger(__name__)
 
 
 class ConfigError(ValueError):
@@ -133,3 +137,87 @@ def to_plain(config: DictConfig | Mapping[str, Any]) -> dict[str, Any]:
     if isinstance(config, DictConfig):
         return OmegaConf.to_container(config, resolve=True)
     return OmegaConf.to_container(OmegaConf.create(dict(config)), resolve=True)
+
+
+# ---------------------------------------------------------------------------------------- environment values
+# A config may read environment variables (``${oc.env:DATA_ROOT}/train.json``, a tracker's API key): the run uses
+# their values, but what it saves for others (archives, checkpoints' trainer configs, trackers' hyperparameters)
+# keeps the interpolation text, never the value.
+_READS_ENVIRONMENT = re.compile(r"\$\{\s*(?:oc\.env|env)\s*:")
+_REFERENCE = re.compile(r"\$\{([A-Za-z_][\w.]*)\}")  # ${a.b}: another key's value
+
+
+def env_interpolations(config: DictConfig | Mapping[str, Any] | list) -> dict[str, str]:
+    """Dotted key -> interpolation text of every value of ``config`` (unresolved) that reads the environment."""
+    raw = OmegaConf.to_container(config, resolve=False) if OmegaConf.is_config(config) else config
+    found: dict[str, str] = {}
+
+    def walk(node: Any, prefix: str) -> None:
+        items = node.items() if isinstance(node, Mapping) else enumerate(node) if isinstance(node, list) else ()
+        for key, value in items:
+            walk(value, f"{prefix}{key}.")
+        if isinstance(node, str) and _READS_ENVIRONMENT.search(node):
+            found[prefix[:-1]] = node
+
+    walk(raw, "")
+    # A value that refers to one of those (``${model.data_root}/train.json``) reads the environment too: recorded
+    # with the reference replaced by the text it refers to, so that it holds without the rest of the config.
+    strings: dict[str, str] = {}
+
+    def collect(node: Any, prefix: str) -> None:
+        items = node.items() if isinstance(node, Mapping) else enumerate(node) if isinstance(node, list) else ()
+        for key, value in items:
+            collect(value, f"{prefix}{key}.")
+        if isinstance(node, str) and "${" in node:
+            strings[prefix[:-1]] = node
+
+    collect(raw, "")
+    for _ in range(len(strings)):
+        changed = False
+        for key, text in strings.items():
+            whole = _REFERENCE.fullmatch(text)
+            for inner, inner_text in list(found.items()) if whole else ():  # ${model.data}: a node holding some
+                if inner.startswith(whole.group(1) + ".") and found.get(key + inner[len(whole.group(1)) :]) is None:
+                    found[key + inner[len(whole.group(1)) :]], changed = inner_text, True
+            refers = _REFERENCE.sub(lambda m: found.get(m.group(1), m.group(0)), text)
+            if refers != text and found.get(key) != refers:
+                found[key], changed = refers, True
+        if not changed:
+            break
+    return found
+
+
+def with_env_interpolations(plain: Any, interpolations: Mapping[str, Any]) -> Any:
+    """A copy of the resolved ``plain`` with each value named in ``interpolations`` (from :func:`env_interpolations`
+    of the config it was resolved from) put back as its interpolation text; keys no longer present are skipped."""
+    import copy
+
+    out = copy.deepcopy(plain)
+    for dotted, text in interpolations.items():
+        *parents, last = dotted.split(".")
+        node = out
+        for part in parents:
+            node = node[int(part)] if isinstance(node, list) else node.get(part) if isinstance(node, dict) else None
+            if node is None:
+                break
+        else:
+            if isinstance(node, dict) and last in node:
+                node[last] = text
+            elif isinstance(node, list) and last.isdigit() and int(last) < len(node):
+                node[int(last)] = text
+    return out
+
+
+def settle_env_interpolations(config: dict[str, Any], source: Any) -> dict[str, Any]:
+    """A saved config made loadable here: a value that reads an environment variable this process does not have
+    becomes None (its text would be resolved again wherever the config is used; the note names ``source`` and the
+    keys); the others resolve from this process's environment when the config is used."""
+    unset: dict[str, Any] = {}
+    for dotted, text in env_interpolations(config).items():
+        try:
+            OmegaConf.create({"value": text}).value  # noqa: B018 (resolved on access)
+        except OmegaConfBaseException:
+            unset[dotted] = None
+    if unset:
+        logger.info("%s: %s read environment variables not set here; left empty.", source, ", ".join(sorted(unset)))
+    return with_env_interpolations(config, unset)

@@ -29,7 +29,7 @@ from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 from lightning.pytorch.loggers.logger import rank_zero_experiment
 from omegaconf import DictConfig, OmegaConf
 
-from speechtrain.common.config import validate_config
+from speechtrain.common.config import env_interpolations, validate_config, with_env_interpolations
 from speechtrain.lightning import CallbackGroup, TelemetryCallback, checkpoint
 from speechtrain.lightning.ema import EMA, EMAConfig
 from speechtrain.lightning.fault_tolerance import PreemptionCallback, was_preempted
@@ -414,7 +414,10 @@ def exp_manager(
         config = job_config if isinstance(job_config, DictConfig) else OmegaConf.create(job_config)
         (log_dir / "config.yaml").write_text(OmegaConf.to_yaml(config))
         for tracker in (lg for lg in loggers if _is_tracker(lg)):
-            tracker.log_hyperparams(OmegaConf.to_container(config, resolve=True))
+            # values read from the environment (API keys, data roots) go to trackers as their text
+            tracker.log_hyperparams(
+                with_env_interpolations(OmegaConf.to_container(config, resolve=True), env_interpolations(config))
+            )
     logger.info("Run folder: %s", log_dir)
     return log_dir
 

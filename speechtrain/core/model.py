@@ -29,7 +29,14 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from speechtrain.common.batch import NoUsableDataError, is_empty_batch, no_usable_data_message
-from speechtrain.common.config import ConfigError, to_plain, validate_config
+from speechtrain.common.config import (
+    ConfigError,
+    env_interpolations,
+    settle_env_interpolations,
+    to_plain,
+    validate_config,
+    with_env_interpolations,
+)
 from speechtrain.core.archive import read_model_file, write_archive
 from speechtrain.core.optim import (
     OPTIMIZERS,
@@ -268,6 +275,16 @@ def _set_rng_state(state: dict[str, Any]) -> None:
     np.random.set_state(("MT19937", state["numpy"].numpy().astype(np.uint32), state["numpy_pos"], has_gauss, gauss))
 
 
+def _model_env_interpolations(cfg: Any) -> dict[str, str]:
+    """:func:`~speechtrain.common.config.env_interpolations` of a model config; for the ``model`` node of a job's
+    config, found from the whole config (a value may refer to another node: ``${trainer.data_root}``)."""
+    if not isinstance(cfg, DictConfig) or cfg._get_parent() is None:
+        return env_interpolations(cfg) if isinstance(cfg, dict | DictConfig) else {}
+    prefix = cfg._get_full_key(None) + "."
+    found = env_interpolations(cfg._get_root())
+    return {key[len(prefix) :]: text for key, text in found.items() if key.startswith(prefix)}
+
+
 class SpeechModel(pl.LightningModule):
     """Base of all speechtrain models (see module docstring).
 
@@ -291,6 +308,8 @@ class SpeechModel(pl.LightningModule):
         super().__init__()
         if not isinstance(cfg, dict | DictConfig):
             cfg = OmegaConf.structured(cfg)
+        # Values read from the environment (``${oc.env:...}``): used resolved, saved as their text (save_to).
+        self.env_interpolations = _model_env_interpolations(cfg)
         cfg = {k: v for k, v in to_plain(cfg).items() if k != TARGET_KEY}
         self.cfg: DictConfig = validate_config(cfg, self.Config) if self.Config is not None else OmegaConf.create(cfg)
         if self.cfg.get("optim") is not None:
@@ -324,7 +343,7 @@ class SpeechModel(pl.LightningModule):
         if trainer is not None and not trainer.is_global_zero:
             return path
         target, model_config = self.archive_identity()
-        config = {TARGET_KEY: target, **model_config}
+        config = {TARGET_KEY: target, **with_env_interpolations(model_config, self.env_interpolations)}
         trainer_config = trainer.to_config() if isinstance(trainer, Trainer) else None
         return write_archive(path, config, state_dict, self._artifacts, trainer_config)
 
@@ -358,7 +377,7 @@ class SpeechModel(pl.LightningModule):
         group.on_load_checkpoint_start()
         try:
             archive = read_model_file(path)
-            config = archive.config
+            config = settle_env_interpolations(archive.config, path)
             target = config.pop(TARGET_KEY, None)
             model_cls = cls if cls is not SpeechModel else cls.resolve_class(target, path)
             if override_config:

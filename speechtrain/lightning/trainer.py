@@ -17,6 +17,12 @@ from lightning.pytorch.trainer.connectors.checkpoint_connector import _Checkpoin
 
 from speechtrain import backends
 from speechtrain.common.auto_precision import resolve_auto_precision
+from speechtrain.common.config import (
+    env_interpolations,
+    settle_env_interpolations,
+    to_plain,
+    with_env_interpolations,
+)
 from speechtrain.lightning.callbacks import CallbackGroup
 from speechtrain.lightning.limits import AgreeAtStepEnd, WallClockLimit, sparse_sigterm_checks
 from speechtrain.lightning.progress import ModelSizeLine, ProgressLog
@@ -185,6 +191,8 @@ class Trainer(pl.Trainer):
         arguments.pop("self")
         _refuse_targets(arguments, "trainer")
         self.init_args: dict[str, Any] = _snapshot(arguments)
+        # Arguments read from the environment (from_job_config): saved as their interpolation text, never the value.
+        self.env_interpolations: dict[str, str] = {}
         if isinstance(kwargs.get("strategy"), Mapping):
             kwargs["strategy"] = megatron_strategy_from_config(kwargs["strategy"])
         if _is_megatron(kwargs.get("strategy")) and kwargs.get("precision") is not None and not kwargs.get("plugins"):
@@ -237,7 +245,7 @@ class Trainer(pl.Trainer):
     def to_config(self) -> dict[str, Any]:
         """The constructor arguments as plain, YAML-safe data (see class docstring)."""
         dropped: list[str] = []
-        config = _to_plain(self.init_args, "trainer", dropped)
+        config = with_env_interpolations(_to_plain(self.init_args, "trainer", dropped), self.env_interpolations)
         if dropped:
             logger.warning(
                 "Trainer config leaves out arguments that cannot be stored as data: %s.", ", ".join(dropped)
@@ -245,9 +253,18 @@ class Trainer(pl.Trainer):
         return config
 
     @classmethod
+    def from_job_config(cls, config: Any, **overrides: Any) -> "Trainer":
+        """Build a trainer from a job config's ``trainer`` node (a Hydra recipe's): resolved to run, with the values
+        read from the environment (``${oc.env:...}``) remembered as their text for what it saves."""
+        env = env_interpolations(config)
+        trainer = cls(**{**to_plain(config), **overrides})
+        trainer.env_interpolations = {key: text for key, text in env.items() if key.split(".")[0] not in overrides}
+        return trainer
+
+    @classmethod
     def from_config(cls, config: dict[str, Any], **overrides: Any) -> "Trainer":
         """Build a trainer from :meth:`to_config` output; ``overrides`` replace stored arguments."""
-        kwargs = _from_plain(dict(config))
+        kwargs = _from_plain(to_plain(settle_env_interpolations(dict(config), "the stored trainer config")))
         if isinstance(kwargs.get("max_time"), dict):
             kwargs["max_time"] = datetime.timedelta(**kwargs["max_time"])
         kwargs.update(overrides)
