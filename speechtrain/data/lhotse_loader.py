@@ -51,7 +51,7 @@ from torch.utils.data import DataLoader
 from speechtrain.data.audio_text import check_audio_sources, unusable_reason
 from speechtrain.data.augment import AugmentationConfig
 from speechtrain.data.buckets import min_padding_bins
-from speechtrain.data.manifest import DEFAULT_SKIP_BAD_LINES
+from speechtrain.data.manifest import DEFAULT_SKIP_BAD_LINES, scan_manifest
 from speechtrain.data.nemo_adapters import (
     DEFAULT_MAX_TAR_MEMBER_BYTES,
     LazyNeMoManifest,
@@ -95,6 +95,9 @@ class LoaderConfig:
     drop_last: bool = False
     augmentation: AugmentationConfig = field(default_factory=AugmentationConfig)
     skip_bad_lines: int = DEFAULT_SKIP_BAD_LINES
+    # read every NeMo manifest of the set once at start: bad lines counted and named before the run, and a set
+    # with more than skip_bad_lines of them refused then (costs one read of each manifest per loader build)
+    scan_manifests: bool = False
     max_tar_member_bytes: int = DEFAULT_MAX_TAR_MEMBER_BYTES
     duration_tolerance: float = 1.0
 
@@ -142,11 +145,17 @@ def _as_list(value: Any) -> list[str]:
     return [str(v) for v in value]
 
 
-def cuts_from_nemo_manifest(path: str | Path, sample_rate: int, skip_bad_lines: int = DEFAULT_SKIP_BAD_LINES) -> Any:
+def cuts_from_nemo_manifest(
+    path: str | Path, sample_rate: int, skip_bad_lines: int = DEFAULT_SKIP_BAD_LINES, scan: bool = False
+) -> Any:
     """A lazy lhotse CutSet for a NeMo manifest: read line by line while the sampler iterates (no audio is opened
     here, and memory does not grow with the manifest's length). See
-    :class:`~speechtrain.data.nemo_adapters.LazyNeMoManifest`."""
+    :class:`~speechtrain.data.nemo_adapters.LazyNeMoManifest`. ``scan``: read it through once now
+    (:func:`~speechtrain.data.manifest.scan_manifest`)."""
     from lhotse import CutSet
+
+    if scan:
+        scan_manifest(path, skip_bad_lines)
 
     return CutSet(LazyNeMoManifest(path, sample_rate, skip_bad_lines))
 
@@ -186,7 +195,7 @@ _SOURCE_KEYS = {
 }
 
 
-def _source(entry: Any, sample_rate: int, seed: int, where: str, skip_bad_lines: int) -> Any:
+def _source(entry: Any, sample_rate: int, seed: int, where: str, skip_bad_lines: int, scan: bool = False) -> Any:
     entry = dict(entry)
     kind = entry.get("type", "nemo")
     if kind not in _SOURCE_KEYS:
@@ -204,14 +213,14 @@ def _source(entry: Any, sample_rate: int, seed: int, where: str, skip_bad_lines:
     if kind == "nemo":
         from speechtrain.corpora.builtin import resolve_manifest
 
-        cuts = cuts_from_nemo_manifest(resolve_manifest(entry["manifest_filepath"]), sample_rate, skip_bad_lines)
+        cuts = cuts_from_nemo_manifest(resolve_manifest(entry["manifest_filepath"]), sample_rate, skip_bad_lines, scan)
     elif kind == "lhotse":
         cuts = cuts_from_lhotse_manifest(entry["cuts_path"])
     elif kind == "lhotse_shar":
         cuts = cuts_from_shar(entry["shar_path"])
     else:
         cuts = blend_sources(entry["input_cfg"], sample_rate, seed, where=f"{where}.input_cfg",
-                             skip_bad_lines=skip_bad_lines)  # fmt: skip
+                             skip_bad_lines=skip_bad_lines, scan=scan)  # fmt: skip
     tags = dict(entry.get("tags") or {})
     if tags:
         cuts = cuts.map(functools.partial(_with_tags, tags=tags))
@@ -230,6 +239,7 @@ def blend_sources(
     seed: int = 0,
     where: str = "input_cfg",
     skip_bad_lines: int = DEFAULT_SKIP_BAD_LINES,
+    scan: bool = False,
 ) -> Any:
     """Mix the sources of an ``input_cfg`` list by their ``weight`` (default 1; groups nest, weights multiply).
 
@@ -249,7 +259,7 @@ def blend_sources(
         weight = float(dict(entry).get("weight", 1.0))
         if weight <= 0:
             raise ValueError(f"{where}[{index}].weight must be positive, got {weight}.")
-        parts.append(_source(entry, sample_rate, seed, f"{where}[{index}]", skip_bad_lines))
+        parts.append(_source(entry, sample_rate, seed, f"{where}[{index}]", skip_bad_lines, scan))
         weights.append(weight)
     return parts[0] if len(parts) == 1 else CutSet.mux(*parts, weights=weights, seed=seed)
 
@@ -260,12 +270,14 @@ def read_cuts(cfg: LoaderConfig, tokenizer: Any = None) -> Any:
 
     if cfg.is_tarred or _names_tarred(cfg.input_cfg):
         raise ValueError("NeMo tarred data is read per data-parallel rank: use read_tarred_cuts.")
-    parts = [cuts_from_nemo_manifest(p, cfg.sample_rate, cfg.skip_bad_lines) for p in _as_list(cfg.manifest_filepath)]
+    parts = [cuts_from_nemo_manifest(p, cfg.sample_rate, cfg.skip_bad_lines, cfg.scan_manifests)
+             for p in _as_list(cfg.manifest_filepath)]  # fmt: skip
     parts += [cuts_from_lhotse_manifest(p) for p in _as_list(cfg.cuts_path)]
     if cfg.shar_path:
         parts.append(cuts_from_shar(cfg.shar_path))
     if cfg.input_cfg:
-        parts.append(blend_sources(cfg.input_cfg, cfg.sample_rate, cfg.seed, skip_bad_lines=cfg.skip_bad_lines))
+        parts.append(blend_sources(cfg.input_cfg, cfg.sample_rate, cfg.seed, skip_bad_lines=cfg.skip_bad_lines,
+                                   scan=cfg.scan_manifests))  # fmt: skip
     if not parts:
         raise ValueError("The dataset config names no data: set manifest_filepath, cuts_path or shar_path.")
     return _filtered(_chain(parts), cfg, tokenizer)
@@ -295,8 +307,11 @@ def read_tarred_cuts(
     readers: list[LazyNeMoTarredIterator] = []
 
     def dataset(manifests: Any, tars: Any, where: str) -> Any:
+        manifests = expand_paths(manifests, f"{where}manifest_filepath")
+        for manifest in manifests if cfg.scan_manifests else ():
+            scan_manifest(manifest, cfg.skip_bad_lines)
         reader = LazyNeMoTarredIterator(
-            expand_paths(manifests, f"{where}manifest_filepath"), expand_paths(tars, f"{where}tarred_audio_filepaths"),
+            manifests, expand_paths(tars, f"{where}tarred_audio_filepaths"),
             cfg.sample_rate, dp_rank, dp_world_size, seed=cfg.seed, shuffle_shards=cfg.shuffle,
             max_member_bytes=cfg.max_tar_member_bytes, skip_bad_lines=cfg.skip_bad_lines,
         )  # fmt: skip

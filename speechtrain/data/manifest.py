@@ -1,6 +1,7 @@
 """NeMo-style JSON-lines manifests: one utterance per line, ``{"audio_filepath", "duration", "text", ...}``."""
 
 import json
+import logging
 import math
 import os
 from collections.abc import Iterator
@@ -11,6 +12,7 @@ from typing import Any, NamedTuple
 MAX_LINE_BYTES = 1_000_000
 REQUIRED_KEYS = ("audio_filepath", "duration", "text")
 # Bad lines a lazily read manifest may hold before it is taken for something else than a manifest (per pass).
+logger = logging.getLogger(__name__)
 DEFAULT_SKIP_BAD_LINES = 10
 
 
@@ -126,3 +128,25 @@ def iter_manifest_entries(path: str | os.PathLike, skip_bad_lines: int) -> Itera
                 continue
             if record is not None:
                 yield record
+
+
+def scan_manifest(path: str | os.PathLike, skip_bad_lines: int) -> tuple[int, list[BadLine]]:
+    """Read a whole manifest once, before a run uses it (a loader's ``scan_manifests: true``): its good entries and
+    bad lines, logged in one line naming the first bad line. A manifest with more than ``skip_bad_lines`` bad lines
+    fails here, at start, rather than hours into the run.
+
+    Raises:
+        FileNotFoundError, ManifestError: as :func:`iter_manifest_entries`.
+    """
+    good, bad = 0, []
+    for entry in iter_manifest_entries(path, skip_bad_lines):
+        if isinstance(entry, BadLine):
+            bad.append(entry)
+        else:
+            good += 1
+    if bad:
+        logger.warning("Scanned %s: %d entries, %d bad lines (skipped and counted when read; first: %s).", path,
+                       good, len(bad), bad[0].problem)  # fmt: skip
+    else:
+        logger.info("Scanned %s: %d entries, no bad lines.", path, good)
+    return good, bad

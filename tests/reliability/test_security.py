@@ -7,6 +7,7 @@ content. Each test records its faults for the summary table (see conftest.py); d
 import ast
 import io
 import json
+import logging
 import os
 import re
 import socket
@@ -320,6 +321,22 @@ def test_bad_manifest_lines_are_counted_in_the_skip_summary_up_to_skip_bad_lines
     with pytest.raises(ManifestError, match=rf"{manifest}:8: expected a JSON object.*that is 2 bad lines in "
                                             rf"{manifest}, more than skip_bad_lines=1"):  # fmt: skip
         _batches({"manifest_filepath": str(manifest), "skip_bad_lines": 1})
+
+
+def test_scan_manifests_names_bad_lines_at_start_and_refuses_too_many_before_any_batch(tmp_path, dtmf_manifest,
+                                                                                        caplog):  # fmt: skip
+    rows = [json.loads(r) for r in dtmf_manifest.read_text().splitlines()[:6]]
+    rows = [json.dumps({**r, "audio_filepath": str(dtmf_manifest.parent / r["audio_filepath"])}) for r in rows]
+    manifest = tmp_path / "manifest.json"
+    manifest.write_text("\n".join([*rows, "{not json", '["a list"]']) + "\n")
+    cfg = {"manifest_filepath": str(manifest), "scan_manifests": True, "batch_size": 4, "use_bucketing": False}
+    dataset = AsrCutDataset.from_config(TOKENIZER, LoaderConfig(**cfg, skip_bad_lines=1))
+    with pytest.raises(ManifestError, match=rf"{manifest}:8: .*more than skip_bad_lines=1"):
+        get_lhotse_dataloader_from_config({**cfg, "skip_bad_lines": 1}, 0, 1, dataset)  # at build, not hours in
+    with caplog.at_level(logging.INFO, logger="speechtrain.data.manifest"):
+        get_lhotse_dataloader_from_config({**cfg, "skip_bad_lines": 2}, 0, 1, dataset)
+    assert f"Scanned {manifest}: 6 entries, 2 bad lines" in caplog.text
+    assert f"{manifest}:7: invalid JSON" in caplog.text
 
 
 # ------------------------------------------------------------------------------------------ cache keys
