@@ -7,7 +7,7 @@ the host waits for the device to finish the step. Both decisions can wait a few 
 
 - :class:`RankAgreement` (``trainer.rank_agreement``) collects the flags every rank must agree on (the time is
   up, a preemption signal arrived, Lightning saw SIGTERM) and reduces them all in one all-reduce every
-  ``every`` optimizer steps: one host synchronisation per ``every`` steps for all of them;
+  ``every`` optimizer steps, on the host (a gloo group): no device synchronisation at all;
 - :class:`WallClockLimit` is Lightning's ``Timer`` (the same state, checkpoints and ``time_remaining``) whose
   check reads that agreement;
 - :func:`sparse_sigterm_checks` makes the loop's SIGTERM broadcast run only when the agreement says a rank saw
@@ -49,11 +49,27 @@ class RankAgreement:
         names = list(self.sources)
         flags = [bool(self.sources[name]()) for name in names]
         if distributed and names:
-            tensor = torch.tensor(flags, dtype=torch.float32, device=trainer.strategy.root_device)
-            torch.distributed.all_reduce(tensor, op=torch.distributed.ReduceOp.MAX)
-            flags = [value > 0 for value in tensor.tolist()]  # the agreement's one host synchronisation
+            # Host flags, reduced on the host: a CPU tensor over a gloo group never waits for the device.
+            tensor = torch.tensor(flags, dtype=torch.uint8)
+            torch.distributed.all_reduce(tensor, op=torch.distributed.ReduceOp.MAX, group=host_group())
+            flags = [value > 0 for value in tensor.tolist()]
         self.step, self.agreed = step, dict(zip(names, flags, strict=True))
         return self.agreed
+
+
+_HOST_GROUP: list[Any] = [None, None]  # [the default process group it was made for, the gloo group]
+
+
+def host_group() -> Any:
+    """A gloo group over every rank, for host values (flags, counters read on the host): the default group when it
+    is gloo already, else one made on first use. Every rank calls this at the same point (``new_group`` is a
+    collective), and a new default group (a re-initialised world) gets its own."""
+    default = torch.distributed.distributed_c10d._get_default_group()
+    if torch.distributed.get_backend(default) == "gloo":
+        return default
+    if _HOST_GROUP[0] is not default:
+        _HOST_GROUP[:] = [default, torch.distributed.new_group(backend="gloo")]
+    return _HOST_GROUP[1]
 
 
 def rank_agreement(trainer: Any) -> RankAgreement:
