@@ -63,8 +63,9 @@ def train_model(folder: Path, seconds: float) -> Path:
     dev = write_manifest(corpus(folder / "dev", 200, 2, list(rng.uniform(2, 12, 20))), folder / "dev.json")
     tokenizer = folder / "digits.json"
     CharTokenizer([" ", *"0123456789"]).save(tokenizer)
+    budget = f"00:{int(seconds) // 3600:02d}:{int(seconds) % 3600 // 60:02d}:{int(seconds) % 60:02d}"  # DD:HH:MM:SS
     overrides = [
-        f"exp_manager.exp_dir={folder / 'exp'}", "trainer.precision=32", f"trainer.max_time=00:00:00:{int(seconds)}",
+        f"exp_manager.exp_dir={folder / 'exp'}", "trainer.precision=32", f"trainer.max_time={budget}",
         "trainer.enable_progress_bar=false", "trainer.num_sanity_val_steps=0", f"model.tokenizer.path={tokenizer}",
         f"model.train_ds.manifest_filepath={train}", f"model.validation_ds.manifest_filepath={dev}",
         "model.train_ds.input_cfg=null", "model.hybrid=true", "model.joint.frame_stack=1",
@@ -115,63 +116,99 @@ def _rate(hypotheses: list[str], references: list[str]) -> str:
     return f"{100 * metrics.word_error_rate(hypotheses, references):.2f}%"
 
 
+# onnx-asr's two NeMo feature implementations: NumPy (its default on a CPU) and its ONNX graph
+FEATURES = {"numpy": {"use_numpy_preprocessors": True}, "onnx": {"use_numpy_preprocessors": False}}
+RUNS = [(None, "numpy"), (None, "onnx"), ("int8", "onnx")]  # (quantization, features) of the onnx-asr runs
+
+
+def measure(model, folder: Path, batches: list[list[dict]], threads: int, name: str) -> list[tuple]:
+    """Time ``model`` (PyTorch) and its export in ``folder`` (onnx-asr, :data:`RUNS`) on ``batches``, for each head;
+    rows ``(label, figure, seconds, transcripts, PyTorch's transcripts or None)``."""
+    import onnx_asr
+    import onnxruntime as ort
+
+    from speechtrain.asr.transcribe import transcribe_paths
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+
+    def pytorch(batch: list[dict]) -> list[str]:
+        out = transcribe_paths(model, [dict(r) for r in batch], batch_duration=None, chunk_len=None)
+        return [r["pred_text"] for r in out]
+
+    results = []
+    for head in ["transducer", "ctc"] if model.cfg.get("hybrid") else [None]:
+        if head:
+            model.cfg.decoder_type = head
+        kind = "ctc" if head == "ctc" or "loss" not in model.cfg else model.cfg.loss
+        seconds, torch_texts = timed(pytorch, batches)
+        results.append((f"{name}: PyTorch, {kind}", f"{name}.{kind}.pytorch", seconds, torch_texts, None))
+        for quantization, features in RUNS:
+            features_config = dict(FEATURES[features])
+            asr = onnx_asr.load_model(f"nemo-conformer-{kind}", folder, quantization=quantization,
+                                      sess_options=options, preprocessor_config=features_config)  # fmt: skip
+
+            def onnx(batch: list[dict], asr=asr) -> list[str]:
+                return asr.recognize([r["audio_filepath"] for r in batch])
+
+            seconds, texts = timed(onnx, batches)
+            weights = quantization or "fp32"
+            label = f"{name}: onnx-asr {weights}, {features} features, {kind}"
+            results.append((label, f"{name}.{kind}.onnx_asr_{weights}_{features}_features", seconds, texts,
+                            torch_texts))  # fmt: skip
+    return results
+
+
+def untrained(size: str):
+    """An untrained CTC Conformer of ``size`` (``model.size``) with NeMo's 80-band front-end: the compute of a real
+    model (greedy CTC decoding costs the same whatever the weights)."""
+    from speechtrain.asr.ctc import ConformerCTCModel
+
+    torch.manual_seed(0)
+    config = {"size": size, "tokenizer": {"vocab": [" ", *"0123456789"]},
+              "preprocessor": {"kind": "nemo", "n_mels": 80}, "decoding": {"strategy": "greedy"}}  # fmt: skip
+    model = ConformerCTCModel(config)
+    model.configure_model()
+    return model.eval()
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default=None, help="an archive with preprocessor.kind=nemo (default: train one)")
     parser.add_argument("--train-seconds", type=float, default=150.0)
+    parser.add_argument("--size", default="small", help="also time an untrained CTC model of this size ('' : none)")
     parser.add_argument("--files", type=int, default=24, help="test files")
     parser.add_argument("--seconds", type=float, default=12.0, help="length of each test file")
     parser.add_argument("--batch-duration", type=float, default=60.0, help="most seconds of audio per batch")
     parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
     parser.add_argument("--record", action="store_true", help="append the RTFx figures to results/deployment.jsonl")
     args = parser.parse_args(argv)
-    import onnx_asr
-    import onnxruntime as ort
-
     from speechtrain.asr.export_onnx import export_onnx
-    from speechtrain.asr.transcribe import plan_batches, transcribe_paths
+    from speechtrain.asr.transcribe import plan_batches
     from speechtrain.core.model import SpeechModel
 
     torch.set_num_threads(args.threads)
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = args.threads
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         path = Path(args.model) if args.model else train_model(folder, args.train_seconds)
-        model = SpeechModel.restore_from(path, override_config={"decoding": {"strategy": "greedy"}}).eval()
-        export_onnx(model, folder / "onnx", quantize="int8")
+        models = [("trained", SpeechModel.restore_from(path, override_config={"decoding": {"strategy": "greedy"}}))]
+        if args.size:
+            models.append((f"untrained_{args.size}", untrained(args.size)))
         rows = corpus(folder / "test", int(args.files * args.seconds / 0.8) + 50, 11, [args.seconds] * args.files)
         order = plan_batches([r["duration"] for r in rows], args.batch_duration, None)
         batches = [[rows[i] for i in batch] for batch in order]
-        ordered = [rows[i] for batch in order for i in batch]
-        refs = [r["text"] for r in ordered]
+        refs = [rows[i]["text"] for batch in order for i in batch]
         audio = sum(r["duration"] for r in rows)
-
-        def pytorch(batch: list[dict]) -> list[str]:
-            out = transcribe_paths(model, [dict(r) for r in batch], batch_duration=None, chunk_len=None)
-            return [r["pred_text"] for r in out]
-
-        heads = ["transducer", "ctc"] if model.cfg.get("hybrid") else [None]
-        results = []
-        for head in heads:
-            if head:
-                model.cfg.decoder_type = head
-            kind = "ctc" if head == "ctc" or "loss" not in model.cfg else model.cfg.loss
-            seconds, torch_texts = timed(pytorch, batches)
-            results.append((f"PyTorch, {kind} greedy", f"pytorch_{kind}", seconds, torch_texts, None))
-            for quantization in (None, "int8"):
-                asr = onnx_asr.load_model(f"nemo-conformer-{kind}", folder / "onnx", quantization=quantization,
-                                          sess_options=options)  # fmt: skip
-
-                def onnx(batch: list[dict], asr=asr) -> list[str]:
-                    return asr.recognize([r["audio_filepath"] for r in batch])
-
-                seconds, texts = timed(onnx, batches)
-                label = f"onnx-asr {quantization or 'fp32'}, {kind} greedy"
-                results.append((label, f"onnx_asr_{kind}_{quantization or 'fp32'}", seconds, texts, torch_texts))
-        print(f"\n{path.name}: {model.num_parameters / 1e6:.2f}M parameters; {len(rows)} files, {audio:.0f} s of "
-              f"audio, batches of at most {args.batch_duration:g} s; {args.threads} threads\n")  # fmt: skip
-        print("| run | RTFx | WER | WER vs PyTorch's transcripts |\n|---|---|---|---|")
+        results, notes = [], {}
+        for name, model in models:
+            model.eval()
+            export_onnx(model, folder / name, quantize="int8")
+            results += measure(model, folder / name, batches, args.threads, name)
+            notes[name] = f"{model.num_parameters / 1e6:.2f}M-parameter {describe(model)}"
+            print(f"{name}: {notes[name]}", flush=True)
+        print(f"\n{len(rows)} files, {audio:.0f} s of audio, batches of at most {args.batch_duration:g} s, "
+              f"{args.threads} threads; greedy decoding\n")  # fmt: skip
+        print("| run | RTFx | WER | WER against PyTorch's transcripts |\n|---|---|---|---|")
         for label, _, seconds, texts, reference in results:
             agree = "" if reference is None else _rate(texts, reference)
             print(f"| {label} | {audio / seconds:.1f} | {_rate(texts, refs)} | {agree} |")
@@ -179,11 +216,13 @@ def main(argv: list[str] | None = None) -> None:
             from results import append
 
             command = "python benchmarks/onnx_rtf.py" + (" --model <archive>" if args.model else "")
-            note = (f"{model.num_parameters / 1e6:.2f}M-parameter {describe(model)}, {len(rows)} x {args.seconds:g} s "
-                    f"files, batches of <= {args.batch_duration:g} s, {args.threads} threads")  # fmt: skip
-            for _, figure, seconds, texts, reference in results:
-                extra = "" if reference is None else f"; WER against PyTorch's transcripts {_rate(texts, reference)}"
-                append(f"deployment.rtfx.{figure}", round(audio / seconds, 1), "RTFx", command, note + extra)
+            for label, figure, seconds, texts, reference in results:
+                note = (f"{notes[figure.split('.')[0]]}; {label.split(': ')[1]} greedy; {len(rows)} x "
+                        f"{args.seconds:g} s files, batches of <= {args.batch_duration:g} s, {args.threads} "
+                        "threads")  # fmt: skip
+                if reference is not None:
+                    note += f"; WER against PyTorch's transcripts {_rate(texts, reference)}"
+                append(f"deployment.rtfx.{figure}", round(audio / seconds, 1), "RTFx", command, note)
         print(json.dumps({"model": str(path), "audio_seconds": round(audio, 1)}))
 
 

@@ -505,6 +505,8 @@ def export_onnx(model: Any, out: str | os.PathLike, quantize: str | None = None,
     """
     if quantize is not None and quantize not in QUANTIZATIONS:
         raise ValueError(f"quantize={quantize!r}: expected one of {', '.join(QUANTIZATIONS)}, or None.")
+    if Path(out).exists() and not Path(out).is_dir():
+        raise ValueError(f"out={out} is a file; the export writes a folder.")
     check_exportable(model)
     model.configure_model()
     state = gather_full_state_dict(model)  # collective under model parallelism: every rank takes part

@@ -227,7 +227,8 @@ def test_vocabulary_and_config_are_what_onnx_asr_reads():
 
 @pytest.mark.parametrize("n_mels", [80, 128])
 def test_nemo_features_equal_onnx_asr_preprocessor(n_mels):
-    """onnx-asr computes the features itself: ours (preprocessor.kind=nemo) are the same within float rounding."""
+    """onnx-asr computes the features itself (NumPy on a CPU, or its ONNX graph): ours (preprocessor.kind=nemo) are
+    the same within float rounding."""
     preprocessors = pytest.importorskip("onnx_asr.preprocessors.numpy_preprocessor", reason="onnx-asr not installed")
     rng = np.random.default_rng(0)
     lengths = np.array([16000, 12345, 801])
@@ -236,9 +237,12 @@ def test_nemo_features_equal_onnx_asr_preprocessor(n_mels):
         audio[i, :n] = 0.1 * rng.standard_normal(n)
     ours = NemoMelFeatures(PreprocessorConfig(n_mels=n_mels, kind="nemo", dither=0.0), 16000).eval()
     feats, frames = ours(torch.from_numpy(audio), torch.from_numpy(lengths))
-    theirs, their_frames = preprocessors.NemoPreprocessorNumpy(f"nemo{n_mels}")(audio, lengths)
-    assert frames.tolist() == their_frames.tolist()
-    np.testing.assert_allclose(feats.numpy(), theirs, atol=1e-3, rtol=0)
+    from onnx_asr.preprocessors.preprocessor import OnnxPreprocessor
+
+    for theirs in (preprocessors.NemoPreprocessorNumpy(f"nemo{n_mels}"), OnnxPreprocessor(f"nemo{n_mels}", {})):
+        their_feats, their_frames = theirs(audio, lengths)
+        assert frames.tolist() == their_frames.tolist()
+        np.testing.assert_allclose(feats.numpy(), their_feats, atol=1e-3, rtol=0)
 
 
 @pytest.fixture(scope="module")
@@ -311,6 +315,7 @@ def test_what_onnx_asr_cannot_run_is_refused_by_name(tmp_path):
 
 
 def test_command_line_errors_name_the_argument(tmp_path, capsys):
+    (tmp_path / "taken").write_text("")
     for argv, message in ((["out=x"], "model_path="), ([f"model_path={tmp_path}/no.stm", "out=x"], "no such file"),
                           (["model_path=m.stm", "out=x", "quantize=fp16"], "quantize=fp16")):  # fmt: skip
         with pytest.raises(SystemExit) as stop:
@@ -319,9 +324,11 @@ def test_command_line_errors_name_the_argument(tmp_path, capsys):
     model = ConformerCTCModel({**_config(), "preprocessor": {"n_mels": 80}})
     model.configure_model()
     archive = model.save_to(tmp_path / "ta.stm")
-    with pytest.raises(SystemExit):
-        export.main([f"model_path={archive}", f"out={tmp_path / 'o'}"])
-    assert "ta.stm: this ConformerCTCModel uses the 'torchaudio' front-end" in capsys.readouterr().err
+    for out, message in ((tmp_path / "o", "ta.stm: this ConformerCTCModel uses the 'torchaudio' front-end"),
+                         (tmp_path / "taken", "is a file; the export writes a folder")):  # fmt: skip
+        with pytest.raises(SystemExit):
+            export.main([f"model_path={archive}", f"out={out}"])
+        assert message in capsys.readouterr().err
 
 
 def test_a_new_export_replaces_the_files_of_an_earlier_one(tmp_path, ctc_export):
