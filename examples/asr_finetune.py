@@ -9,12 +9,20 @@ python examples/asr_finetune.py init_from.path=stt_en_fastconformer_ctc_large.ne
 
 import logging
 import time
+from dataclasses import dataclass, field
 from typing import Any
 
 import lightning.pytorch as pl
 from omegaconf import OmegaConf
 
-from speechtrain.asr.jobs import ensure_lm, ensure_tokenizer, fit_and_report, restore_for_finetuning
+from speechtrain.asr.jobs import (
+    FinetuneLMConfig,
+    ensure_lm,
+    ensure_tokenizer,
+    finetune_lm,
+    fit_and_report,
+    restore_for_finetuning,
+)
 from speechtrain.asr.transducer import ConformerTransducerConfig
 from speechtrain.common.config import to_plain
 from speechtrain.core.exp_manager import exp_manager
@@ -28,14 +36,23 @@ DATA_KEYS = ("manifest_filepath", "cuts_path", "shar_path", "input_cfg", "is_tar
 
 
 def finetune_model(
-    base: SpeechModel, overrides: dict[str, Any], include=None, exclude=None, defer: bool = False
+    base: SpeechModel,
+    overrides: dict[str, Any],
+    include=None,
+    exclude=None,
+    defer: bool = False,
+    lm: FinetuneLMConfig | None = None,
 ) -> SpeechModel:
     """A new model of ``base``'s class with ``overrides`` merged over its config, initialised from ``base``'s
     weights. A different tokenizer keeps the encoder and re-initialises the decoder (said in the log).
-    ``decoding.lm_path: null`` fits a new beam-search LM on the new training transcripts. ``defer``: load the
-    weights when the trainer builds the layers (under tensor parallelism each rank then takes its slices)."""
+    New training data (``train_ds``) gets a beam-search LM by the rule ``lm`` (:func:`~speechtrain.asr.jobs.
+    finetune_lm`: by default the archive's LM interpolated with one fitted on the new transcripts); a
+    ``decoding.lm_path`` given is used as it is. ``defer``: load the weights when the trainer builds the layers
+    (under tensor parallelism each rank then takes its slices)."""
     overrides = dict(overrides)
     base_cfg = OmegaConf.create(to_plain(base.cfg))
+    archive_lm = base_cfg.decoding.get("lm_path") if "decoding" in base_cfg else None
+    new_data = any(dict(overrides.get("train_ds") or {}).get(k) for k in DATA_KEYS)
     for node in ("train_ds", "validation_ds"):  # the data named here replaces the archive's, not joins it
         given = dict(overrides.get(node) or {})
         if node in base_cfg and any(given.get(k) for k in DATA_KEYS):
@@ -48,9 +65,15 @@ def finetune_model(
     if new_tokenizer and not tokenizer.get("path") and not tokenizer.get("vocab"):
         cfg.tokenizer.path, cfg.tokenizer.vocab = None, None
         ensure_tokenizer(cfg.tokenizer, cfg.train_ds)
-    if "lm_path" in dict(overrides.get("decoding") or {}):
+    origin = None
+    if new_data and "decoding" in cfg:
+        if not dict(overrides.get("decoding") or {}).get("lm_path"):
+            cfg.decoding.lm_path = None  # the rule decides, from the archive's LM and the new transcripts
+        origin = finetune_lm(cfg.decoding, cfg.train_ds, archive_lm, lm or FinetuneLMConfig())
+    elif "lm_path" in dict(overrides.get("decoding") or {}):
         ensure_lm(cfg.decoding, cfg.train_ds)
     model = type(base)(cfg)
+    model.lm_origin = origin or None  # said by the closing report (speechtrain.asr.report.lm_description)
     exclude = list(exclude or [])
     if new_tokenizer or model.tokenizer.vocab_size != base.tokenizer.vocab_size:
         # the CTC head's self-conditioning projection and a transducer's prediction and joint networks go too
@@ -67,10 +90,19 @@ def finetune_model(
     return model
 
 
+@dataclass
+class FinetuneExtras:
+    """``lm``: the beam-search LM of the fine-tuned model when the job names new training data
+    (:class:`~speechtrain.asr.jobs.FinetuneLMConfig`)."""
+
+    lm: FinetuneLMConfig = field(default_factory=FinetuneLMConfig)
+
+
 # The model node holds overrides of the pretrained model's config: each key is checked against the Conformer
 # config of CTC and transducer models (a typo fails at start; a transducer key on a CTC model fails when the model
 # is built) and can be set without '+', but nothing is filled in from defaults.
-FINETUNE_SCHEMA = train_job_schema(dict[str, Any], "asr_finetune", model_overrides_of=ConformerTransducerConfig)
+FINETUNE_SCHEMA = train_job_schema(dict[str, Any], "asr_finetune", model_overrides_of=ConformerTransducerConfig,
+                                   extras=FinetuneExtras)  # fmt: skip
 
 
 @hydra_runner(config_path="conf", config_name="asr_finetune", schema=FINETUNE_SCHEMA)
@@ -78,8 +110,9 @@ def main(cfg):
     start = time.perf_counter()
     pl.seed_everything(cfg.seed, verbose=False)
     base = restore_for_finetuning(cfg.init_from.path)  # kept alive: its extracted artifacts back the new model
+    lm = FinetuneLMConfig(**OmegaConf.to_container(cfg.lm)) if cfg.get("lm") is not None else None
     model = finetune_model(base, OmegaConf.to_container(cfg.model), cfg.init_from.include, cfg.init_from.exclude,
-                           defer=True)  # fmt: skip
+                           defer=True, lm=lm)  # fmt: skip
     trainer = Trainer(**OmegaConf.to_container(cfg.trainer, resolve=True))
     log_dir = exp_manager(trainer, cfg.exp_manager, name=cfg.name, job_config=cfg)
     fit_and_report(trainer, model, log_dir, start)

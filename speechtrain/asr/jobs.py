@@ -12,14 +12,15 @@ import logging
 import os
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from omegaconf import OmegaConf
 
 from speechtrain.asr.ctc import ConformerCTCConfig, ConformerCTCModel, CTCModel, resolve_manifest
-from speechtrain.asr.ngram import NgramLM
-from speechtrain.asr.report import decoding_report, greedy_breakdowns
+from speechtrain.asr.ngram import NgramLM, interpolate
+from speechtrain.asr.report import choose_decoding, decoding_report, greedy_breakdowns
 from speechtrain.asr.transducer import ConformerTransducerConfig, ConformerTransducerModel
 from speechtrain.common.fingerprint import file_fingerprint
 from speechtrain.common.metrics import format_rate
@@ -127,28 +128,132 @@ def ensure_lm(decoding_cfg: Any, train_data: Any) -> None:
     built-in corpus), by global rank 0 while the other ranks wait for the file."""
     if decoding_cfg.strategy != "beam" or decoding_cfg.lm_path or decoding_cfg.lm_order <= 0:
         return
-    files, key = _training_texts(train_data, "an n-gram LM", decoding_cfg.lm_order)
-    folder = settings.SPEECHTRAIN_DATASETS_CACHE / "lms" / f"{decoding_cfg.lm_order}gram-{key}"
+    decoding_cfg.lm_path = str(_fitted_lm(train_data, decoding_cfg.lm_order))
+
+
+def _fitted_lm(train_data: Any, order: int) -> Path:
+    """The cached word ``order``-gram LM of the transcripts of ``train_data`` (fitted by global rank 0 once)."""
+    files, key = _training_texts(train_data, "an n-gram LM", order)
+    folder = settings.SPEECHTRAIN_DATASETS_CACHE / "lms" / f"{order}gram-{key}"
     lm_path = folder / "lm.arpa"
 
     def build() -> None:
         start = time.perf_counter()
-        lm = NgramLM.fit(_transcripts(files), order=decoding_cfg.lm_order)
+        lm = NgramLM.fit(_transcripts(files), order=order)
         folder.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=folder) as tmp:
             lm.write_arpa(Path(tmp) / "lm.arpa")
             os.replace(Path(tmp) / "lm.arpa", lm_path)
         seconds = time.perf_counter() - start
-        logger.info("Fitted a %d-gram word LM (%d words) on %s in %.1f s: %s", decoding_cfg.lm_order,
-                    len(lm.probs[0]) - 3, ", ".join(str(p) for _, p in files), seconds, lm_path)  # fmt: skip
+        logger.info("Fitted a %d-gram word LM (%d words) on %s in %.1f s: %s", order, len(lm.probs[0]) - 3,
+                    ", ".join(str(p) for _, p in files), seconds, lm_path)  # fmt: skip
 
     build_on_rank_zero(lm_path, build, "the n-gram LM")
-    decoding_cfg.lm_path = str(lm_path)
+    return lm_path
+
+
+@dataclass
+class FinetuneLMConfig:
+    """The beam-search LM of a fine-tuned model (``lm`` in ``asr_finetune.yaml``), when its decoding is beam search
+    with ``decoding.lm_order > 0`` and the job names new training data (:func:`finetune_lm`).
+
+    Attributes:
+        use: ``auto``: the archive's LM interpolated with one fitted on the new transcripts (``mix``) when the
+            archive has an LM, else the new one; ``mix``; ``archive`` (the archive's, unchanged); ``new`` (fitted on
+            the new transcripts alone); ``none`` (beam search without an LM).
+        new_weight: the new transcripts' LM's weight in the mix; None: :func:`mix_weight` of their number.
+    """
+
+    use: str = "auto"
+    new_weight: float | None = None
+
+
+LM_USES = ("auto", "mix", "archive", "new", "none")
+# mix_weight's prior: the mix gives the new transcripts' LM the weight n / (n + MIX_PRIOR_SENTENCES) (docs/asr.md).
+MIX_PRIOR_SENTENCES = 4000
+
+
+def mix_weight(sentences: int) -> float:
+    """The weight of an LM fitted on ``sentences`` new transcripts, interpolated with the archive's: n / (n + N0),
+    N0 = :data:`MIX_PRIOR_SENTENCES` (docs/asr.md: how it was measured). Few new transcripts, little weight: their
+    LM knows few words and its n-grams are unreliable; many, and the mix tends to the new LM alone."""
+    return sentences / (sentences + MIX_PRIOR_SENTENCES)
+
+
+def _lm_words(path: str | Path) -> int:
+    return len(NgramLM.read_arpa(path).known - {"<s>", "</s>", "<unk>"})
+
+
+def finetune_lm(decoding_cfg: Any, train_data: Any, archive_lm: str | None, rule: FinetuneLMConfig) -> str:
+    """Set ``decoding_cfg.lm_path`` of a model fine-tuned on ``train_data`` (new training data) by ``rule`` and
+    return what it chose and why (the closing report prints it). ``archive_lm``: the pretrained archive's LM (None
+    when it has none). Nothing changes unless the decoding is beam search with ``lm_order > 0``; an ``lm_path``
+    already set in ``decoding_cfg`` (given on the command line) is used as it is.
+
+    Raises:
+        ValueError: an unknown ``rule.use``, ``use: mix`` or ``archive`` without an archive LM, or a
+            ``new_weight`` outside (0, 1); each names the key.
+    """
+    if rule.use not in LM_USES:
+        raise ValueError(f"lm.use={rule.use}: expected one of {', '.join(LM_USES)}.")
+    if rule.new_weight is not None and not 0.0 < rule.new_weight < 1.0:
+        raise ValueError(f"lm.new_weight={rule.new_weight}: the new LM's weight in the mix must be in (0, 1).")
+    if decoding_cfg.strategy != "beam" or decoding_cfg.lm_order <= 0:
+        return ""
+    if decoding_cfg.lm_path:
+        return f"decoding.lm_path={decoding_cfg.lm_path} ({_lm_words(decoding_cfg.lm_path):,} words), as given"
+    use = rule.use
+    if use in ("mix", "archive") and not archive_lm:
+        raise ValueError(f"lm.use={use}: the pretrained archive has no LM; use lm.use=new or lm.use=none.")
+    if use == "auto":
+        use = "mix" if archive_lm else "new"
+    if use == "none":
+        decoding_cfg.lm_path, decoding_cfg.lm_order = None, 0
+        return "none (lm.use=none): beam search without an LM"
+    if use == "archive":
+        decoding_cfg.lm_path = archive_lm
+        return f"the archive's ({_lm_words(archive_lm):,} words), kept (lm.use=archive)"
+    order = decoding_cfg.lm_order
+    files, _ = _training_texts(train_data, "an n-gram LM", order)
+    sentences = sum(1 for text in _transcripts(files) if text.split())
+    new_lm = _fitted_lm(train_data, order)
+    fitted = f"a {order}-gram fitted on the {sentences:,} new transcripts ({_lm_words(new_lm):,} words)"
+    if use == "new":
+        decoding_cfg.lm_path = str(new_lm)
+        why = "lm.use=new" if rule.use == "new" else "the archive has no LM"
+        return f"{fitted}, alone ({why})"
+    weight = rule.new_weight if rule.new_weight is not None else mix_weight(sentences)
+    key = hashlib.sha256(repr((file_fingerprint(archive_lm), file_fingerprint(new_lm), round(weight, 6))).encode())
+    folder = settings.SPEECHTRAIN_DATASETS_CACHE / "lms" / f"finetune-mix-{key.hexdigest()[:12]}"
+    mixed = folder / "lm.arpa"
+
+    def build() -> None:
+        lm = interpolate([(NgramLM.read_arpa(archive_lm), 1.0 - weight), (NgramLM.read_arpa(new_lm), weight)])
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=folder) as tmp:
+            lm.write_arpa(Path(tmp) / "lm.arpa")
+            os.replace(Path(tmp) / "lm.arpa", mixed)
+        logger.info("Interpolated the archive's LM (weight %.3g) with %s (weight %.3g): %s", 1.0 - weight, fitted,
+                    weight, mixed)  # fmt: skip
+
+    build_on_rank_zero(mixed, build, "the interpolated n-gram LM")
+    decoding_cfg.lm_path = str(mixed)
+    why = "lm.use=mix" if rule.use == "mix" else "lm.use=auto: the archive has an LM and there are new transcripts"
+    how = (f"weight {weight:.3g} on the new, lm.new_weight" if rule.new_weight is not None else
+           f"weight {weight:.3g} on the new = n / (n + {MIX_PRIOR_SENTENCES:,})")  # fmt: skip
+    return (
+        f"the archive's ({_lm_words(archive_lm):,} words) interpolated with {fitted}, {how}; its lexicon is "
+        f"both LMs' words, {_lm_words(mixed):,} ({why})"
+    )
 
 
 def fit_and_report(trainer: Any, model: CTCModel, log_dir: Any, start: float) -> None:
     """Train, run a closing validation on every validation set, and print its WER/CER (global rank 0). A
-    preempted run exits instead (:func:`~speechtrain.lightning.fault_tolerance.exit_if_preempted`)."""
+    preempted run exits instead (:func:`~speechtrain.lightning.fault_tolerance.exit_if_preempted`).
+
+    When the closing validation ran beam search + LM and it was worse than greedy decoding on the first validation
+    set, the model's default decoding (``decoding.strategy``, which transcription follows) becomes greedy and the
+    final archive is written again with it (:func:`~speechtrain.asr.report.choose_decoding`); the report says so."""
     trainer.fit(model)
     exit_if_preempted(trainer)
     results = trainer.validate(model, verbose=False) if model.val_dataloader() else []
@@ -162,23 +267,43 @@ def fit_and_report(trainer: Any, model: CTCModel, log_dir: Any, start: float) ->
     closing = model.closing_greedy
     decoded = None if closing is None else [closing.get(index, {}) for index, _, _ in indexed]
     breakdowns = greedy_breakdowns(model, sets, decoded) if results else None
+    metrics = {k: v for r in results for k, v in r.items()}  # the same on every rank (reduced before logging)
+    names = [name for name, _ in model._validation_sets()]
+    choice = choose_decoding(model.cfg.decoding.strategy, metrics, names[0] if names else "val")
+    if choice.strategy != model.cfg.decoding.strategy:
+        model.cfg.decoding.strategy = choice.strategy
+        _rewrite_archive(trainer, model)  # every rank: the archive gathers tensor-parallel shards
     if trainer.is_global_zero:
-        metrics = {k: v for r in results for k, v in r.items()}
         shown = ", ".join(
             f"{k}={format_rate(float(v))}" for k, v in sorted(metrics.items()) if "wer" in k or "cer" in k
         )
         normalised = model.text_normalizer.describe()
         seconds = time.perf_counter() - start
-        line = f"Final: {shown} (transcripts {normalised}) | {seconds:.0f} s wall | run folder {log_dir}"
+        decoding = ""
+        if choice.reason:  # the closing validation compared beam + LM with greedy on the first set
+            worse = f" (beam + LM was worse than greedy on {names[0]})" if choice.strategy == "greedy" else " + LM"
+            decoding = f" | default decoding: {choice.strategy}{worse}"
+        line = f"Final: {shown} (transcripts {normalised}){decoding} | {seconds:.0f} s wall | run folder {log_dir}"
         print_final(line)
         if results:
-            report = decoding_report(model, metrics, sets, breakdowns)
+            report = decoding_report(model, metrics, sets, breakdowns, choice)
             print(f"\nDecoding report (greedy = acoustic model alone; beam + LM beside it):\n{report}\n", flush=True)
             if log_dir is not None:
                 (Path(log_dir) / "decoding_report.md").write_text(report + "\n", encoding="utf-8")
                 # The closing metrics for tools (benchmarks/results.py from-run records make demo's WERs from them).
                 closing_metrics = {k: float(v) for k, v in sorted(metrics.items())}
                 (Path(log_dir) / "final_metrics.json").write_text(json.dumps(closing_metrics, indent=1) + "\n")
+
+
+def _rewrite_archive(trainer: Any, model: Any) -> None:
+    """Write the run's final archive again (its decoding changed after training), where training wrote one (the
+    checkpoint callback's ``archive_path``; a preempted run has exited before)."""
+    for callback in trainer.callbacks:
+        path = getattr(callback, "archive_path", None)
+        if path is not None:
+            model.save_to(path)
+            if trainer.is_global_zero:
+                logger.info("Rewrote %s with decoding.strategy=%s", path, model.cfg.decoding.strategy)
 
 
 def restore_for_finetuning(path: str | Path) -> SpeechModel:

@@ -17,6 +17,7 @@ per order, ``D = n1 / (n1 + 2 n2)`` from that order's count-of-counts:
 Transcripts are split on whitespace, as the WER is; each is one sentence between ``<s>`` and ``</s>``.
 """
 
+import functools
 import json
 import math
 import sys
@@ -109,9 +110,14 @@ class NgramLM:
         probs[0][(BOS,)] = -99.0
         return cls(order=order, probs=probs, backoffs=backoffs)
 
+    @functools.cached_property
+    def known(self) -> frozenset[str]:
+        """The words with a unigram probability (``<s>``, ``</s>`` and ``<unk>`` included)."""
+        return frozenset(g[0] for g in self.probs[0])
+
     def log10_prob(self, word: str, history: Sequence[str] = ()) -> float:
         """log10 p(word | history), backing off as an ARPA reader does (unknown words are ``<unk>``)."""
-        known = {g[0] for g in self.probs[0]}
+        known = self.known
         context = tuple(w if w in known else UNK for w in history)[-(self.order - 1) :] if self.order > 1 else ()
         gram = (*context, word if word in known else UNK)
         return math.log10(_interpolated(gram, self.probs, self.backoffs, len(gram)))
@@ -171,6 +177,56 @@ class NgramLM:
     def vocabulary(self) -> list[str]:
         """The words with a unigram probability (``<s>``, ``</s>`` and ``<unk>`` included), sorted."""
         return sorted(g[0] for g in self.probs[0])
+
+
+def interpolate(models: Sequence[tuple["NgramLM", float]]) -> NgramLM:
+    """The linear interpolation ``sum_i w_i p_i(word | history)`` of word n-gram LMs as one :class:`NgramLM` (what
+    SRILM's ``-mix-lm`` builds), over the union of their vocabularies: a word is the mixture's if any model knows it
+    (a model gives 0 to a word outside its vocabulary; each gives its ``<unk>`` share to ``<unk>``).
+
+    Every n-gram that one of the models stores gets the mixture's exact probability; for the rest the mixture backs
+    off to its own lower order, with back-off weights that make each history's distribution sum to 1 (the usual
+    static approximation of a mixture: exact where any model has seen the n-gram).
+
+    Args:
+        models: (model, weight) pairs; the weights are positive and sum to 1.
+
+    Raises:
+        ValueError: no model, or weights that are not positive or do not sum to 1 (the weights named).
+    """
+    weights = [w for _, w in models]
+    if not models or any(not w > 0 for w in weights) or abs(sum(weights) - 1.0) > 1e-6:
+        raise ValueError(f"interpolate: weights must be positive and sum to 1, got {weights}.")
+    order = max(m.order for m, _ in models)
+
+    def model_prob(model: NgramLM, gram: tuple[str, ...]) -> float:
+        word = gram[-1]
+        if word not in model.known:
+            return 0.0
+        context = tuple(w if w in model.known else UNK for w in gram[:-1])
+        context = context[len(context) - (model.order - 1) :] if model.order > 1 else ()
+        return _interpolated((*context, word), model.probs, model.backoffs, len(context) + 1)
+
+    probs: list[dict[tuple[str, ...], float]] = [{} for _ in range(order)]
+    backoffs: list[dict[tuple[str, ...], float]] = [{} for _ in range(order)]
+    for n in range(1, order + 1):
+        grams = sorted({g for m, _ in models if n <= m.order for g in m.probs[n - 1]} - {(BOS,)})
+        mixed = {g: sum(w * model_prob(m, g) for m, w in models) for g in grams}
+        probs[n - 1] = {g: math.log10(p) if p > 0 else -99.0 for g, p in mixed.items()}
+        if n == 1:
+            probs[0][(BOS,)] = -99.0
+            continue
+        # Back-off weights of the histories of order n - 1: the mass left after their stored continuations, over
+        # the mass the mixture's lower order gives to the words that were not stored.
+        seen: dict[tuple[str, ...], list[float]] = {}
+        for gram, p in mixed.items():
+            lower = _interpolated(gram[1:], probs, backoffs, n - 1)
+            sums = seen.setdefault(gram[:-1], [0.0, 0.0])
+            sums[0] += p
+            sums[1] += lower
+        backoffs[n - 2] = {h: math.log10(max(1.0 - above, 1e-12) / max(1.0 - below, 1e-12))
+                           for h, (above, below) in seen.items()}  # fmt: skip
+    return NgramLM(order=order, probs=probs, backoffs=backoffs)
 
 
 def _interpolated(gram: tuple[str, ...], probs: list[dict], backoffs: list[dict], n: int) -> float:

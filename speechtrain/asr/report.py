@@ -4,17 +4,63 @@ engine and voice where a manifest records them (``engine`` / ``voice`` keys, as 
 
 Greedy decoding is the headline: it is what the acoustic model alone hears. An in-domain LM fitted on the
 training transcripts hides mispronunciations and unseen acoustics, so its numbers stand beside, never instead.
+
+Above the table: the default decoding the archive keeps (:func:`choose_decoding`: beam + LM only where it was not
+worse than greedy on the first validation set) and which LM the beam search used, and why.
 """
 
 import logging
 import math
 from collections import defaultdict
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from speechtrain.common.metrics import error_rate, format_rate, word_errors
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass
+class DecodingChoice:
+    """The default decoding a model keeps after its closing validation.
+
+    Attributes:
+        strategy: ``greedy`` or ``beam``.
+        reason: why, with the two WERs compared; empty where nothing was compared (a greedy config, or no figures).
+    """
+
+    strategy: str
+    reason: str = ""
+
+
+def choose_decoding(strategy: str, metrics: dict[str, float], set_name: str) -> DecodingChoice:
+    """The default decoding after a closing validation that decoded with ``strategy``: where that was beam search
+    (+ LM) and its WER (``val_wer``) is above the greedy WER (``val_wer_greedy``) of the first validation set
+    (``set_name``), greedy; else ``strategy``. A default is never worse than the model alone on that set."""
+    beam, greedy = metrics.get("val_wer"), metrics.get("val_wer_greedy")
+    if strategy != "beam" or beam is None or greedy is None or math.isnan(float(beam)) or math.isnan(float(greedy)):
+        return DecodingChoice(strategy)
+    compared = f"on {set_name}: {format_rate(float(beam))} beam + LM vs {format_rate(float(greedy))} greedy WER"
+    if float(beam) > float(greedy):
+        return DecodingChoice("greedy", f"beam + LM was worse than greedy {compared}; transcription decodes greedily "
+                                        "unless given decoding=beam")  # fmt: skip
+    return DecodingChoice("beam", f"beam + LM was not worse than greedy {compared}")
+
+
+def lm_description(model: Any) -> str:
+    """Which LM the model's beam search uses: what the job that set it said (``model.lm_origin``, e.g. the
+    fine-tuning rule of :func:`~speechtrain.asr.jobs.finetune_lm`), else its path and size."""
+    origin = getattr(model, "lm_origin", None)
+    if origin:
+        return origin
+    lm_path = getattr(model.cfg.decoding, "lm_path", None)
+    if not lm_path:
+        return "none: beam search without an LM"
+    from speechtrain.asr.ngram import NgramLM
+
+    lm = NgramLM.read_arpa(lm_path)
+    return f"a {lm.order}-gram of {len(lm.known) - 3:,} words (decoding.lm_path={lm_path})"
 
 
 def lm_statistics(lm: Any, texts: list[str]) -> tuple[float, float]:
@@ -148,23 +194,35 @@ def decoding_report(
     metrics: dict[str, float],
     sets: list[tuple[str, Path]],
     breakdowns: dict[str, dict[str, tuple[float, int]]] | None = None,
+    choice: DecodingChoice | None = None,
 ) -> str:
     """The report's text. ``metrics``: the closing validation's (``val_wer_<set>``, ``val_wer_greedy_<set>``, ...);
     ``sets``: (name, resolved manifest) of each validation set; ``breakdowns``: :func:`greedy_breakdowns` (computed
-    here when None: a collective under data parallelism, so then every rank calls this)."""
+    here when None: a collective under data parallelism, so then every rank calls this); ``choice``: the default
+    decoding kept (:func:`choose_decoding`), said above the table with the LM that beam search used."""
     from speechtrain.asr.ngram import NgramLM
     from speechtrain.data.manifest import read_nemo_manifest
 
     breakdowns = greedy_breakdowns(model, sets) if breakdowns is None else breakdowns
+    # Beam search ran where the closing validation logged greedy figures beside its own (the config's strategy may
+    # since have become greedy: choose_decoding).
+    beam = any(k.startswith("val_wer_greedy") for k in metrics)
     lm_path = getattr(model.cfg.decoding, "lm_path", None)
-    lm = NgramLM.read_arpa(lm_path) if model.cfg.decoding.strategy == "beam" and lm_path else None
+    lm = NgramLM.read_arpa(lm_path) if beam and lm_path else None
     single = len(sets) == 1
-    lines = ["set | greedy WER | greedy CER | beam+LM WER | beam+LM CER | LM OOV | LM perplexity",
-             "--- | --- | --- | --- | --- | --- | ---"]  # fmt: skip
+    lines = []
+    if choice is not None and choice.reason:
+        label = "greedy" if choice.strategy == "greedy" else "beam + LM" if lm_path else "beam search"
+        lines.append(f"Default decoding: {label} ({choice.reason}).")
+    if beam:
+        lines.append(f"LM: {lm_description(model)}.")
+    if lines:
+        lines.append("")
+    lines += ["set | greedy WER | greedy CER | beam+LM WER | beam+LM CER | LM OOV | LM perplexity",
+              "--- | --- | --- | --- | --- | --- | ---"]  # fmt: skip
     breakdown = []
     for name, manifest in sets:
         suffix = "" if single else f"_{name}"
-        beam = model.cfg.decoding.strategy == "beam"
         greedy_wer = metrics.get(f"val_wer_greedy{suffix}" if beam else f"val_wer{suffix}", math.nan)
         greedy_cer = metrics.get(f"val_cer_greedy{suffix}" if beam else f"val_cer{suffix}", math.nan)
         beam_wer = metrics.get(f"val_wer{suffix}", math.nan) if beam else math.nan

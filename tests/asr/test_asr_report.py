@@ -45,8 +45,10 @@ def test_report_puts_greedy_first_and_breaks_down_by_engine(tmp_path):
     metrics = {"val_wer_greedy_test": 0.5, "val_cer_greedy_test": 0.25, "val_wer_test": 0.1, "val_cer_test": 0.05}
     report = decoding_report(Model(), metrics, [("test", tmp_path / "manifest.json"), ("dev", tmp_path / "no")])
     lines = report.splitlines()
-    assert lines[0].startswith("set | greedy WER | greedy CER | beam+LM WER")
-    assert lines[2] == "test | 50.00% | 25.00% | 10.00% | 5.00% | n/a | n/a"
+    assert lines[0] == "LM: none: beam search without an LM."  # which LM the beam search used, above the table
+    table = lines.index("") + 1
+    assert lines[table].startswith("set | greedy WER | greedy CER | beam+LM WER")
+    assert lines[table + 2] == "test | 50.00% | 25.00% | 10.00% | 5.00% | n/a | n/a"
     assert "test | piper | 0.00% | 1" in report and "test | espeak | 100.00% | 2" in report
     assert "test | espeak / en+m1 | 100.00% | 1" in report
 
