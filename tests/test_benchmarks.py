@@ -154,6 +154,7 @@ def test_dp_step_balance_reports_the_imbalance_and_what_the_batch_shapes_explain
     assert "from the shapes 0.0 ms, correlation 0.00" in lines[-1]
 
 
+@pytest.mark.slow
 def test_dp_step_balance_times_two_real_ranks(tmp_path, dtmf_manifest, capsys):
     overrides = [o for o in example_overrides(tmp_path, dtmf_manifest) if not o.startswith("exp_manager.exp_dir")]
     overrides += ["model.decoding.strategy=greedy", "model.train_ds.num_workers=0"]

@@ -28,6 +28,7 @@ def _validations(folder):
         return [(int(r["step"]), float(r["val_loss"])) for r in csv.DictReader(f) if r.get("val_loss")]
 
 
+@pytest.mark.slow
 @pytest.mark.multiprocess
 def test_tp2_saves_twice_per_epoch_replaces_top_k_and_closes_with_the_trained_weights(tmp_path, dtmf_manifest):
     done = _run_example(
@@ -64,6 +65,7 @@ def test_tp2_saves_twice_per_epoch_replaces_top_k_and_closes_with_the_trained_we
     assert "per rank (tensor-parallel shard 1 of 2" in line and f"whole model {whole:,}, of which" in line, line
 
 
+@pytest.mark.slow
 @pytest.mark.multiprocess
 def test_tp2_moving_average_resumes_from_its_shards_and_fills_the_archive(tmp_path, dtmf_manifest):
     """Each tensor-parallel rank averages its own shard and saves it in its own checkpoint shard: a TP=2 run stopped

@@ -408,7 +408,7 @@ def _free_port() -> int:
 
 
 @pytest.mark.multiprocess
-@pytest.mark.parametrize("name", ["conformer_ctc", "conformer_tdt"])
+@pytest.mark.parametrize("name", [pytest.param("conformer_ctc", marks=pytest.mark.slow), "conformer_tdt"])
 def test_tensor_parallel_fine_tuning_slices_nemo_weights(tmp_path, name):
     """A .nemo loaded for fine-tuning under TP=2 (each rank takes its slices) gives NeMo's log-probs (the
     Conformer fixture: 4 heads, tied relative-position biases, layer-norm convolution module), or, for the TDT

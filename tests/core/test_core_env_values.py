@@ -16,8 +16,12 @@ SECRET = "/very/secret/place"
 
 def test_env_values_and_the_values_that_refer_to_them_are_found():
     config = OmegaConf.create(
-        {"root": "${oc.env:ST_SECRET}", "a": {"path": "${root}/train.json", "list": [1, "${oc.env:ST_SECRET,x}"]},
-         "copy": "${a}", "plain": "${a.list.0}"}  # fmt: skip
+        {
+            "root": "${oc.env:ST_SECRET}",
+            "a": {"path": "${root}/train.json", "list": [1, "${oc.env:ST_SECRET,x}"]},
+            "copy": "${a}",
+            "plain": "${a.list.0}",
+        }  # fmt: skip
     )
     found = env_interpolations(config)
     assert found == {

@@ -203,6 +203,7 @@ def test_trial_process_outcomes():
         run_trial_process([*python, "raise ValueError('broken model')"], "")
 
 
+@pytest.mark.slow
 def test_a_real_cpu_trial_reports_the_child_peak_and_config_errors():
     tiny = tiny_ctc_config()
     peak = SubprocessMeasure(CTC_TARGET, tiny, steps=1)(2, 1.0)

@@ -83,7 +83,8 @@ LAYOUTS = {
 
 
 @pytest.mark.multiprocess
-@pytest.mark.parametrize("layout", LAYOUTS)
+# TP=2 alone: inside both TP=2 x PP=2 and TP=2 x DP=2 (default suite); by itself in the slow one
+@pytest.mark.parametrize("layout", [pytest.param(k, marks=pytest.mark.slow) if k == "tp2" else k for k in LAYOUTS])
 def test_layout_matches_single_process(layout, reference, tmp_path):
     nproc, args = LAYOUTS[layout]
     out = run_job(tmp_path / layout, nproc, *args)
@@ -148,6 +149,7 @@ def test_sync_batchnorm_is_refused_with_the_reason():
         trainer.fit(ToyTransformerRegressor({"input_norm": True}))
 
 
+@pytest.mark.slow
 @pytest.mark.multiprocess
 def test_two_nodes_on_localhost_match_single_process(reference, tmp_path):
     """torchrun --nnodes=2 on one machine, one process per "node", data parallel across nodes."""
