@@ -1,0 +1,107 @@
+"""Long files with the demo's model (hybrid TDT-CTC): RTFx and WER of chunked transcription, greedy and beam + LM,
+with word timestamps, on 2- and 10-minute files made of the built-in corpus's test utterances.
+
+    python benchmarks/long_audio_hybrid.py --model speechtrain_experiments/asr_demo/<run>/asr_demo.stm [--record]
+
+Each long file is the test split's utterances (``builtin:speech/test``, every engine) one after another with 0.3 s
+pauses, its reference their transcripts joined. For each file and decoding: ``transcribe_paths`` with the CLI's
+defaults (30 s chunks, 4 s of context) and ``timestamps=true``, timed (RTFx: audio seconds per second, model loading
+excluded), and the WER against the reference. On the 2-minute file also the whole file in one pass (no chunks; it
+fits in memory), and the WER between the two transcripts. ``--record`` appends the figures to results/speed.jsonl.
+"""
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import soundfile as sf
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from speechtrain.asr.transcribe import transcribe_paths  # noqa: E402
+from speechtrain.common.metrics import word_error_rate  # noqa: E402
+from speechtrain.core.model import SpeechModel  # noqa: E402
+from speechtrain.corpora.builtin import resolve_manifest  # noqa: E402
+from speechtrain.data.manifest import read_nemo_manifest  # noqa: E402
+
+
+def long_file(path: Path, minutes: float, skip: int = 0) -> dict:
+    """A file of about ``minutes`` made of the test split's utterances from the ``skip``-th on, and its row."""
+    manifest = resolve_manifest("builtin:speech/test")
+    records = read_nemo_manifest(manifest)
+    pause = np.zeros(int(0.3 * 16000), dtype=np.float32)
+    audio, texts, total, index = [], [], 0, skip
+    while total < minutes * 60 * 16000:
+        record = records[index % len(records)]
+        data, rate = sf.read(manifest.parent / record["audio_filepath"], dtype="float32")
+        assert rate == 16000, f"{record['audio_filepath']}: {rate} Hz"
+        audio += [data, pause]
+        texts.append(record["text"])
+        total += len(data) + len(pause)
+        index += 1
+    samples = np.concatenate(audio)
+    sf.write(path, samples, 16000)
+    return {"audio_filepath": str(path), "duration": round(len(samples) / 16000, 4), "text": " ".join(texts)}
+
+
+def run(model, row: dict, decoding: str, chunk_len: float | None = 30.0) -> tuple[float, dict]:
+    model.cfg.decoding.strategy = decoding
+    start = time.perf_counter()
+    (out,) = transcribe_paths(
+        model, [dict(row)], chunk_len=chunk_len, chunk_overlap=4.0, timestamps=chunk_len is not None
+    )
+    return row["duration"] / (time.perf_counter() - start), out
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", required=True, help="the demo's archive (make demo)")
+    parser.add_argument("--minutes", default="2,10", help="file lengths in minutes")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--record", action="store_true", help="append the figures to results/speed.jsonl")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    model = SpeechModel.restore_from(args.model).eval()
+    norm = model.text_normalizer
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for n, minutes in enumerate(float(m) for m in args.minutes.split(",")):
+            row = long_file(Path(tmp) / f"long{n}.wav", minutes, skip=200 * n)
+            for decoding in ("greedy", "beam"):
+                speed, out = run(model, row, decoding)
+                wer = word_error_rate([norm(out["pred_text"])], [norm(row["text"])])
+                line = {"minutes": round(row["duration"] / 60, 1), "decoding": decoding, "rtfx": round(speed, 1),
+                        "wer": round(100 * wer, 2), "words": len(out["words"])}  # fmt: skip
+                if minutes <= 2:
+                    _, whole = run(model, row, decoding, chunk_len=None)
+                    line["whole_file_wer"] = round(100 * word_error_rate([norm(whole["pred_text"])],
+                                                                         [norm(row["text"])]), 2)  # fmt: skip
+                    line["chunked_vs_whole"] = round(
+                        100 * word_error_rate([out["pred_text"]], [whole["pred_text"]]), 2
+                    )
+                print(line, flush=True)
+                rows.append(line)
+    if args.record:
+        from results import append
+
+        command = "python benchmarks/long_audio_hybrid.py --model <asr_demo.stm>"
+        for line in rows:
+            minutes = f"{line['minutes']:g}".replace(".", "_")
+            note = (f"demo archive (hybrid TDT-CTC), {line['minutes']:g}-min file of builtin:speech/test "
+                    f"utterances, 30 s chunks + 4 s context, word timestamps, {args.threads} threads; "
+                    f"WER {line['wer']}%")  # fmt: skip
+            if "whole_file_wer" in line:
+                note += (f"; whole file in one pass {line['whole_file_wer']}%, chunked vs whole transcripts differ by "
+                         f"{line['chunked_vs_whole']}%")  # fmt: skip
+            append(
+                f"speed.long_audio_rtfx.hybrid_{line['decoding']}_{minutes}min", line["rtfx"], "RTFx", command, note
+            )
+
+
+if __name__ == "__main__":
+    main()
