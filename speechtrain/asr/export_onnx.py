@@ -21,7 +21,7 @@ reads NeMo's ONNX exports. What it holds (B: batch, T: feature frames, T': encod
 - ``quantize=int8``: each graph also as ``*.int8.onnx`` (ONNX Runtime's dynamic quantisation of the matrix
   products: int8 weights, activations quantised on the fly), which ``load_model(..., quantization="int8")`` reads.
 
-Features are not in the graphs: onnx-asr computes NeMo's log-mel features itself (16 kHz, 25 ms Hann window, 10 ms
+Features are not in the graphs: onnx-asr computes NeMo's log-mel features itself (16 kHz, 0.025 s Hann window, 0.01 s
 hop, 512-point FFT, pre-emphasis 0.97, Slaney mel filterbank of 80 or 128 bands, per-feature normalisation), which
 is ``preprocessor.kind=nemo`` with those settings. Models with the ``torchaudio`` front-end (HTK mel, no
 pre-emphasis) or other settings are refused by name: onnx-asr cannot compute their features.
@@ -249,10 +249,10 @@ class EncoderGraph(torch.nn.Module):
         pos = _linear(positions, self.w[p + "position.linear.weight"], None)  # (2T-1, D)
         pos = pos.reshape(-1, h, d).permute(1, 2, 0)  # (h, d, 2T-1)
         by_distance = torch.matmul((q + pos_v[:, None, :]) * scale, pos)  # (B, h, T, 2T-1): distances T-1 .. 1-T
-        # Query i's score for key j sits at column T-1 - i + j.
-        steps = torch.arange(frames)
-        column = (frames - 1) - steps[:, None] + steps[None, :]  # (T, T)
-        position_scores = torch.gather(by_distance, 3, column[None, None].expand(batch, h, frames, frames))
+        # Query i's score for key j sits at column T-1 - i + j: with a zero column in front, the rows laid end to end
+        # and read again in rows of 2T-1 after dropping the first T values, it sits at column j (no index tensor).
+        padded = F.pad(by_distance, (1, 0)).reshape(batch, h, -1, frames)[:, :, 1:]  # (B, h, 2T-1, T)
+        position_scores = padded.reshape(batch, h, frames, -1)[..., :frames]  # (B, h, T, 2T-1) -> (B, h, T, T)
         scores = torch.matmul(q + u[:, None, :], k.transpose(2, 3)) * scale + position_scores
         scores = scores.masked_fill(~mask[:, None, None, :], MASKED)
         y = torch.matmul(torch.softmax(scores, dim=-1), v)  # (B, h, T, d)
