@@ -1,5 +1,9 @@
 # Two commands for a fresh clone: `make demo` and `make test`. Both install first when needed.
-PYTHON ?= python3
+# Python 3.12 (megatron-core ships wheels for 3.12+ only since 0.17): the first of python3.12, python3.13,
+# python3 on PATH that is, else pyenv's 3.12 (or 3.13).
+PYTHON ?= $(shell for p in python3.12 python3.13 python3; do $$p -c 'import sys; sys.exit(sys.version_info < (3, 12))' \
+	2>/dev/null && { command -v $$p; exit 0; }; done; \
+	ls -d "$$(pyenv root 2>/dev/null)"/versions/3.1[23]*/bin/python3 2>/dev/null | head -1)
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
@@ -23,7 +27,11 @@ CPU_RUN = OMP_WAIT_POLICY=PASSIVE LD_PRELOAD="$$(ls /usr/lib/*/libtcmalloc_minim
 
 $(STAMP): pyproject.toml
 	@echo "make: installing the pinned packages into $(VENV) (and, as root, the built-in corpus's Debian packages)"
-	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	@test -n "$(PYTHON)" || { echo "make: speechtrain needs Python >= 3.12 (megatron-core 0.19); none found on PATH" \
+		"or in pyenv. Set PYTHON=/path/to/python3.12."; exit 1; }
+	@# a venv of an older Python (speechtrain supported 3.11 until megatron-core 0.16) is made again
+	@$(BIN)/python -c 'import sys; sys.exit(sys.version_info < (3, 12))' 2>/dev/null || \
+		{ rm -rf $(VENV) && $(PYTHON) -m venv $(VENV); }
 	@# uv installs what pip would (same resolution), faster, and `make demo` trains for the difference; where uv
 	@# cannot (no wheel for this platform, an index only pip.conf names) pip does. --compile-bytecode writes the .pyc
 	@# files pip would, so that no new process compiles torch, lightning and megatron first.

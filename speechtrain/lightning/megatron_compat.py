@@ -54,8 +54,21 @@ _PATCHED_MODULES = (
     "megatron.core.models.common.embeddings.rotary_pos_embedding",
     "megatron.core.transformer.utils",
     "megatron.core.transformer.attention",
+    # dist_checkpointing (checkpoint_format=torch_dist): the save's validation and failure checks all-reduce flags
+    # made on the current CUDA device, and writing and exchanging shards synchronise CUDA
+    "megatron.core.dist_checkpointing.strategies.state_dict_saver",
+    "megatron.core.dist_checkpointing.strategies.filesystem_async",
+    "megatron.core.dist_checkpointing.strategies.fully_parallel",
+    "megatron.core.dist_checkpointing.strategies.async_utils",
 )  # (and the RNG tracker's module, megatron.core.tensor_parallel.random: its own torch, see _cpu_swaps)
 _state: dict[str, Any] = {"imported": False, "cpu": None, "swaps": []}
+
+
+class _CpuStream:
+    """The current "stream" of a CPU run: CPU work is ordered already, so waiting on an event or a stream is a no-op
+    (the DDP gradient buffers wait on the current stream for CUDA-graph replays before every reduction)."""
+
+    wait_event = wait_stream = synchronize = staticmethod(lambda *args, **kwargs: None)
 
 
 class _CpuCuda:
@@ -63,6 +76,7 @@ class _CpuCuda:
     synchronising is a no-op (CPU collectives are synchronous)."""
 
     current_device = staticmethod(lambda: torch.device("cpu"))
+    current_stream = staticmethod(lambda device=None: _CpuStream())
     synchronize = staticmethod(lambda device=None: None)
     get_rng_state = staticmethod(lambda device=None: torch.get_rng_state())
     manual_seed = staticmethod(torch.manual_seed)
@@ -209,6 +223,7 @@ def import_megatron() -> types.ModuleType:
         import megatron.core  # noqa: F401
 
         _tolerate_foreign_decoders()
+        _process_memory_without_psutil()
         _torch_optimizer_step_state()
         _state["swaps"] = _cpu_swaps()
         _fused_fallback_kernels()
@@ -246,6 +261,16 @@ def _predicted_logits(
     return target_mask, masked_target_1d, predicted, exp_logits.sum(dim=-1), exp_logits
 
 
+def _process_memory_without_psutil() -> None:
+    """Megatron's checkpoint writer logs each writer's memory through ``psutil``, which megatron-core does not
+    install; without it every save fails. The resident size from ``resource`` instead (a debug log line only)."""
+    writer = importlib.import_module("megatron.core.dist_checkpointing.strategies.filesystem_async")
+    if not writer.HAVE_PSUTIL:
+        import resource
+
+        writer._process_memory = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
 def _tolerate_foreign_decoders() -> None:
     """Megatron tags ``model.decoder.layers`` with the micro-batch index; our models' decoders have no ``layers``."""
     schedules = importlib.import_module("megatron.core.pipeline_parallel.schedules")
@@ -263,7 +288,9 @@ def _torch_optimizer_step_state() -> None:
     state has a ``step`` tensor that Megatron's checkpoint of the shards leaves out. Two fixes for that path (CPU
     runs, or GPUs without the ``gpu`` extra): loading the shards copies only the tensors the checkpoint has, and
     every parameter gets its own ``step`` tensor back (Megatron hands all of them one shared tensor, which torch's
-    foreach Adam would then advance once per parameter). Applied once, by :func:`import_megatron`."""
+    foreach Adam would then advance once per parameter). And its ``state_dict`` before the first step (which
+    ``dist_checkpointing``'s loading calls) finds the state Adam allocates lazily. Applied once, by
+    :func:`import_megatron`."""
     distrib = importlib.import_module("megatron.core.optimizer.distrib_optimizer")
     if distrib.HAVE_APEX_OR_TE:
         return
@@ -283,8 +310,23 @@ def _torch_optimizer_step_state() -> None:
             if isinstance(state.get("step"), torch.Tensor):
                 state["step"] = state["step"].clone()
 
+    original_state_dict = optimizer_class.state_dict
+
+    def state_dict(self: Any) -> dict:
+        # Before the first step (a resumed run describing what to load into: ``sharded_state_dict(is_loading=True)``)
+        # torch's Adam has no state yet, and Megatron reads the step from it: the state Adam would allocate, at step 0.
+        if not self.optimizer.state and isinstance(self.optimizer, torch.optim.Adam | torch.optim.AdamW):
+            for group in self.optimizer.param_groups:
+                for param in group["params"]:
+                    self.optimizer.state[param].update(
+                        step=torch.zeros((), dtype=torch.float32, device=param.device),
+                        **{key: torch.zeros_like(param) for key in self.optimizer_state_keys},
+                    )
+        return original_state_dict(self)
+
     optimizer_class._set_main_param_and_optimizer_states = set_states
     optimizer_class.load_state_dict = load_state_dict
+    optimizer_class.state_dict = state_dict
 
 
 def model_parallel_manual_seed(seed: int) -> None:

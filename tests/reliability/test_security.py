@@ -144,7 +144,7 @@ from speechtrain.data.nemo_adapters import LazyNeMoTarredIterator
 def in_use():
     return next(int(l.split()[1]) * 1024 for l in open("/proc/self/status") if l.startswith("VmSize:"))
 
-limit = in_use() + (128 << 20)  # 128 MiB more address space than this interpreter holds once imported
+limit = in_use() + (192 << 20)  # 192 MiB more address space than this interpreter holds once imported
 resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
 for case in json.loads(sys.argv[1]):
     os.environ.update(case.get("env", {}))
