@@ -136,10 +136,6 @@ def check_exportable(model: Any) -> None:
 
 
 # ------------------------------------------------------------------------------------------------ the graphs
-def _linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    return F.linear(x, weight, bias)
-
-
 def _frame_mask(lengths: torch.Tensor, frames: Any) -> torch.Tensor:
     """(B, frames) bool, True on valid frames (``frames`` may be a traced size)."""
     return torch.arange(frames, device=lengths.device)[None, :] < lengths[:, None]
@@ -221,15 +217,15 @@ class EncoderGraph(torch.nn.Module):
             # model's zeroing of that one frame and this give the same valid outputs.
             x = torch.relu(x * _frame_mask(lengths, x.shape[2])[:, None, :, None])
         x = x.transpose(1, 2).flatten(2)  # (B, C, T', bands) -> (B, T', C * bands)
-        return _linear(x, self.w["encoder.subsampling.out.weight"], self.w["encoder.subsampling.out.bias"]), lengths
+        return F.linear(x, self.w["encoder.subsampling.out.weight"], self.w["encoder.subsampling.out.bias"]), lengths
 
     def _layer_norm(self, x: torch.Tensor, name: str) -> torch.Tensor:
         weight = self.w[name + ".weight"]
         return F.layer_norm(x, (int(weight.shape[0]),), weight, self.w[name + ".bias"], 1e-5)
 
     def _feed_forward(self, x: torch.Tensor, prefix: str) -> torch.Tensor:
-        hidden = F.silu(_linear(x, self.w[prefix + "up.linear.weight"], self.w[prefix + "up.linear.bias"]))
-        return _linear(hidden, self.w[prefix + "down.linear.weight"], self.w[prefix + "down.linear.bias"])
+        hidden = F.silu(F.linear(x, self.w[prefix + "up.linear.weight"], self.w[prefix + "up.linear.bias"]))
+        return F.linear(hidden, self.w[prefix + "down.linear.weight"], self.w[prefix + "down.linear.bias"])
 
     def _attention(self, x: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, index: int) -> torch.Tensor:
         """Transformer-XL relative-position self-attention of layer ``index``: x (B, T, D) -> (B, T, D)."""
@@ -241,12 +237,12 @@ class EncoderGraph(torch.nn.Module):
         def heads(t: torch.Tensor) -> torch.Tensor:
             return t.reshape(batch, frames, h, d).transpose(1, 2)  # (B, h, T, d)
 
-        q = heads(_linear(x, self.w[p + "query.linear.weight"], self.w[p + "query.linear.bias"]))
-        k = heads(_linear(x, self.w[p + "key.linear.weight"], None))
-        v = heads(_linear(x, self.w[p + "value.linear.weight"], self.w[p + "value.linear.bias"]))
+        q = heads(F.linear(x, self.w[p + "query.linear.weight"], self.w[p + "query.linear.bias"]))
+        k = heads(F.linear(x, self.w[p + "key.linear.weight"], None))
+        v = heads(F.linear(x, self.w[p + "value.linear.weight"], self.w[p + "value.linear.bias"]))
         scale = 1.0 / math.sqrt(d)
         u, pos_v = self.w[bias_layer + "pos_bias_u"], self.w[bias_layer + "pos_bias_v"]
-        pos = _linear(positions, self.w[p + "position.linear.weight"], None)  # (2T-1, D)
+        pos = F.linear(positions, self.w[p + "position.linear.weight"], None)  # (2T-1, D)
         pos = pos.reshape(-1, h, d).permute(1, 2, 0)  # (h, d, 2T-1)
         by_distance = torch.matmul((q + pos_v[:, None, :]) * scale, pos)  # (B, h, T, 2T-1): distances T-1 .. 1-T
         # Query i's score for key j sits at column T-1 - i + j: with a zero column in front, the rows laid end to end
@@ -257,7 +253,7 @@ class EncoderGraph(torch.nn.Module):
         scores = scores.masked_fill(~mask[:, None, None, :], MASKED)
         y = torch.matmul(torch.softmax(scores, dim=-1), v)  # (B, h, T, d)
         y = y.transpose(1, 2).reshape(batch, frames, h * d)
-        return _linear(y, self.w[p + "out.linear.weight"], self.w[p + "out.linear.bias"])
+        return F.linear(y, self.w[p + "out.linear.weight"], self.w[p + "out.linear.bias"])
 
     def _depthwise(self, x: torch.Tensor, mask: torch.Tensor, prefix: str, stride: int) -> torch.Tensor:
         """The depthwise convolution ``prefix`` over the frames of x (B, T, D), zeros past each end -> (B, D, T')."""
@@ -268,7 +264,7 @@ class EncoderGraph(torch.nn.Module):
 
     def _convolution(self, x: torch.Tensor, mask: torch.Tensor, index: int) -> torch.Tensor:
         p = f"encoder.layers.{index}.conv."
-        x = F.glu(_linear(x, self.w[p + "pointwise_in.linear.weight"], self.w[p + "pointwise_in.linear.bias"]), -1)
+        x = F.glu(F.linear(x, self.w[p + "pointwise_in.linear.weight"], self.w[p + "pointwise_in.linear.bias"]), -1)
         x = self._depthwise(x, mask, p + "depthwise.", 1)  # (B, D, T)
         if self.batch_norm:
             x = F.batch_norm(x, self.w[p + "norm.running_mean"], self.w[p + "norm.running_var"],
@@ -276,7 +272,7 @@ class EncoderGraph(torch.nn.Module):
         else:
             x = self._layer_norm(x.transpose(1, 2), p + "norm").transpose(1, 2)
         x = F.silu(x).transpose(1, 2)
-        return _linear(x, self.w[p + "pointwise_out.linear.weight"], self.w[p + "pointwise_out.linear.bias"])
+        return F.linear(x, self.w[p + "pointwise_out.linear.weight"], self.w[p + "pointwise_out.linear.bias"])
 
     def _layer(self, x: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, index: int) -> torch.Tensor:
         p = f"encoder.layers.{index}."
@@ -287,7 +283,7 @@ class EncoderGraph(torch.nn.Module):
         return self._layer_norm(x, p + "out_norm")
 
     def _ctc_logits(self, x: torch.Tensor) -> torch.Tensor:
-        return _linear(x, self.w["decoder.weight"], self.w["decoder.bias"])
+        return F.linear(x, self.w["decoder.weight"], self.w["decoder.bias"])
 
     # ----------------------------------------------------------------------------------------------- forward
     def encode(self, audio_signal: torch.Tensor, length: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -300,7 +296,7 @@ class EncoderGraph(torch.nn.Module):
         for index in range(self.layers):
             if self.reduced and index == self.reduced.start:
                 skip = x
-                x = _linear(self._depthwise(x, mask, "encoder.time_reduction.depthwise.", 2).transpose(1, 2),
+                x = F.linear(self._depthwise(x, mask, "encoder.time_reduction.depthwise.", 2).transpose(1, 2),
                             self.w["encoder.time_reduction.pointwise.weight"],
                             self.w["encoder.time_reduction.pointwise.bias"])  # fmt: skip
                 mask = _frame_mask(_halved(lengths), x.shape[1])
@@ -309,9 +305,9 @@ class EncoderGraph(torch.nn.Module):
             if index in self.condition:
                 hidden = x * mask[:, :, None]
                 probs = torch.softmax(self._ctc_logits(hidden), dim=-1)
-                x = x + _linear(probs, self.w["conditioning.weight"], self.w["conditioning.bias"])
+                x = x + F.linear(probs, self.w["conditioning.weight"], self.w["conditioning.bias"])
             if self.reduced and index == self.reduced.stop - 1:
-                up = _linear(x, self.w["encoder.time_recovery.weight"], self.w["encoder.time_recovery.bias"])
+                up = F.linear(x, self.w["encoder.time_recovery.weight"], self.w["encoder.time_recovery.bias"])
                 twice = up.unsqueeze(2).expand(-1, -1, 2, -1).flatten(1, 2)[:, : skip.shape[1]]
                 x, mask, positions = skip + twice, full, full_positions
         return x * full[:, :, None], lengths
@@ -369,9 +365,9 @@ class DecoderJointGraph(torch.nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         embedded = F.embedding(targets.long(), self.w["prediction.embed.weight"])  # (B, U, H)
         g, (h, c) = self.lstm(embedded, (input_states_1, input_states_2))
-        f = _linear(encoder_outputs.transpose(1, 2), self.w["joint.enc_proj.weight"], self.w["joint.enc_proj.bias"])
-        g = _linear(g, self.w["joint.pred_proj.weight"], self.w["joint.pred_proj.bias"])
-        logits = _linear(self.activation(f[:, :, None, :] + g[:, None, :, :]), self.out_weight, self.out_bias)
+        f = F.linear(encoder_outputs.transpose(1, 2), self.w["joint.enc_proj.weight"], self.w["joint.enc_proj.bias"])
+        g = F.linear(g, self.w["joint.pred_proj.weight"], self.w["joint.pred_proj.bias"])
+        logits = F.linear(self.activation(f[:, :, None, :] + g[:, None, :, :]), self.out_weight, self.out_bias)
         return logits, target_length, h, c
 
 
