@@ -48,7 +48,7 @@ def _asr_job(recipe: str, folder: Path, manifest: Path, steps: int, extra: list[
 
 
 def run_one(family: str, tp: int, devices: int, steps: int, out: Path, accelerator: str = "cpu",
-            sync_errors: bool = False) -> None:  # fmt: skip
+            sync_errors: bool = False, no_clip: bool = False) -> None:  # fmt: skip
     """Train ``family`` for ``steps`` steps on ``devices`` processes (this process is rank 0; Lightning starts the
     others by running this command again) and write each rank's counts to ``out/rank<r>.json``. On a GPU with
     ``sync_errors``, a host synchronisation other than the gradient norm stops the run with an error."""
@@ -79,6 +79,9 @@ def run_one(family: str, tp: int, devices: int, steps: int, out: Path, accelerat
         recipe = "asr_train" if family == "ctc" else "asr_train_hybrid"
         layout = [f"trainer.devices={devices}", f"trainer.strategy.tensor_model_parallel_size={tp}",
                   f"trainer.accelerator={accelerator}"]  # fmt: skip
+        if no_clip:  # no clipping, no non-finite guard: the norm only on logging steps (none in a short run)
+            layout += ["trainer.gradient_clip_val=0", "trainer.strategy.max_consecutive_nonfinite_steps=0",
+                       "trainer.log_every_n_steps=1000"]  # fmt: skip
         main, cfg = _asr_job(recipe, folder, manifest, steps, layout)
         CallbackGroup.get_instance().register(recorder)
         for guard in guards:
@@ -104,7 +107,7 @@ def _as_lifecycle(callback: object) -> object:
 
 
 def measure(family: str, tp: int, devices: int, steps: int, skip: int, accelerator: str = "cpu",
-            sync_errors: bool = False) -> dict:  # fmt: skip
+            sync_errors: bool = False, no_clip: bool = False) -> dict:  # fmt: skip
     """Run :func:`run_one` in a fresh process group and summarise its ranks' counts."""
     from speechtrain.lightning.launch import fresh_launch_env
     from speechtrain.testing.step_budget import summarise
@@ -114,7 +117,7 @@ def measure(family: str, tp: int, devices: int, steps: int, skip: int, accelerat
         env = fresh_launch_env(OMP_WAIT_POLICY="PASSIVE", OMP_NUM_THREADS="1")
         command = [sys.executable, __file__, "--run", family, "--tp", str(tp), "--devices", str(devices),
                    "--steps", str(steps), "--out", str(out), "--accelerator", accelerator,
-                   *(["--cuda-sync-errors"] if sync_errors else [])]  # fmt: skip
+                   *(["--cuda-sync-errors"] if sync_errors else []), *(["--no-clip"] if no_clip else [])]  # fmt: skip
         done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
         if done.returncode != 0:
             raise RuntimeError(f"{family} (TP={tp}) failed:\n{done.stdout[-3000:]}\n{done.stderr[-5000:]}")
@@ -140,17 +143,33 @@ def main(argv: list[str] | None = None) -> None:
         action="store_true",
         help="on a GPU: any host sync but the gradient norm stops the run (set_sync_debug_mode)",
     )
+    parser.add_argument(
+        "--no-clip",
+        action="store_true",
+        help="ctc, hybrid: no gradient clipping and no non-finite guard (no gradient norm to read)",
+    )
     parser.add_argument("--run", choices=FAMILIES, help=argparse.SUPPRESS)  # one rank's job (internal)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.run:
-        run_one(args.run, args.tp, args.devices, args.steps, Path(args.out), args.accelerator, args.cuda_sync_errors)
+        run_one(
+            args.run,
+            args.tp,
+            args.devices,
+            args.steps,
+            Path(args.out),
+            args.accelerator,
+            args.cuda_sync_errors,
+            args.no_clip,
+        )
         return
     layouts = [(args.family, args.tp)] if args.family else LAYOUTS
     results = []
     for family, tp in layouts:
         devices = args.devices or 2 * tp if family == args.family else 2 * tp
-        result = measure(family, tp, devices, args.steps, args.skip, args.accelerator, args.cuda_sync_errors)
+        result = measure(
+            family, tp, devices, args.steps, args.skip, args.accelerator, args.cuda_sync_errors, args.no_clip
+        )
         results.append(result)
         same = "yes" if result["same_collectives_on_every_rank"] else "NO"
         print(f"{family:7s} TP={tp} DP={result['dp']}: {result['syncs_per_step']} host syncs/step "
@@ -170,8 +189,9 @@ def main(argv: list[str] | None = None) -> None:
         from results import append
 
         for r in results:
-            layout = f"tp{r['tp']}_dp{r['dp']}"
-            command = f"python benchmarks/step_budget.py --family {r['family']} --tp {r['tp']}"
+            layout = f"tp{r['tp']}_dp{r['dp']}" + ("_no_clip" if args.no_clip else "")
+            command = f"python benchmarks/step_budget.py --family {r['family']} --tp {r['tp']}" + (
+                " --no-clip" if args.no_clip else "")  # fmt: skip
             for name, key in (("host_syncs", "syncs_per_step"), ("collectives", "collectives_per_step"),
                               ("operators", "max_ops_per_step")):  # fmt: skip
                 append(f"step_budget.{r['family']}.{layout}.{name}", r[key], "per step", command)

@@ -96,6 +96,16 @@ def test_a_training_step_waits_on_the_host_once_and_agrees_on_its_collectives(fa
 
 @pytest.mark.slow
 @pytest.mark.multiprocess
+def test_without_clipping_and_the_guard_a_step_never_waits_on_the_host():
+    from step_budget import measure
+
+    result = measure("ctc", tp=1, devices=2, steps=12, skip=2, no_clip=True)
+    assert result["syncs_per_step"] == 0, result["sync_places"]
+    assert result["same_collectives_on_every_rank"], result["collective_sequences"]
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
 @pytest.mark.parametrize(("family", "tp"), [("hybrid", 1), ("tts", 1), ("ctc", 2)])
 def test_the_other_families_and_tensor_parallelism_keep_the_budget(family, tp):
     from step_budget import measure
