@@ -34,6 +34,7 @@ import torch
 from speechtrain.lightning import parallel_state
 
 FORMAT = "speechtrain-sharded-checkpoint"
+DIST_FORMAT = "speechtrain-dist-checkpoint"  # checkpoint_format=torch_dist (speechtrain.lightning.dist_checkpoint)
 METADATA = "metadata.json"
 
 
@@ -324,6 +325,11 @@ def load_checkpoint(path: str | os.PathLike, weights_only: bool = True) -> dict[
     if not metadata_file.is_file():
         raise ValueError(f"Checkpoint {path} is incomplete (no {METADATA}): its save was interrupted.")
     metadata = json.loads(metadata_file.read_text())
+    if metadata.get("format") == DIST_FORMAT:
+        raise ValueError(
+            f"Checkpoint {path} is in Megatron's distributed format (checkpoint_format=torch_dist): resume from it "
+            "with trainer.fit(ckpt_path=...) under MegatronStrategy, which reads it under any layout."
+        )
     saved = (metadata["tensor_model_parallel_size"], metadata["pipeline_model_parallel_size"])
     current = (parallel_state.tensor_parallel_world_size(), parallel_state.pipeline_parallel_world_size())
     if saved != current:

@@ -16,7 +16,7 @@ from lightning.pytorch.trainer.states import TrainerFn
 from torch.distributed.utils import _sync_module_states
 
 from speechtrain.lightning import checkpoint as sharded
-from speechtrain.lightning import parallel_state
+from speechtrain.lightning import dist_checkpoint, parallel_state
 from speechtrain.lightning.fault_tolerance import NonFiniteGuard
 from speechtrain.lightning.megatron_compat import model_parallel_manual_seed, use_device
 from speechtrain.lightning.megatron_parallel import MegatronParallel
@@ -52,6 +52,11 @@ class MegatronStrategy(DDPStrategy):
             2 overflows). The scale halves after ``hysteresis`` overflowing steps (each skipped) and doubles after
             ``window`` clean ones: from 2^32 a small model skips its first steps until the scale has come down to
             what its gradients allow, so a lower start such as 2^16 saves them. Ignored by the other precisions.
+        checkpoint_format: ``torch``: one ``torch.save`` file per model-parallel rank, the distributed optimizer's
+            state gathered on data-parallel rank 0, resumed under the same TP/PP layout only
+            (:mod:`~speechtrain.lightning.checkpoint`). ``torch_dist``: Megatron Core's ``dist_checkpointing``
+            (every rank writes its own shards of the model and optimizer; resumed under any TP x DP layout,
+            :mod:`~speechtrain.lightning.dist_checkpoint`). Either format reads checkpoints of both.
         **kwargs: ``DDPStrategy`` arguments (``process_group_backend``, ``timeout``, ...).
     """
 
@@ -71,6 +76,7 @@ class MegatronStrategy(DDPStrategy):
         fp16_min_loss_scale: float = 1.0,
         fp16_loss_scale_window: int = 1000,
         fp16_hysteresis: int = 2,
+        checkpoint_format: str = "torch",
         **kwargs: Any,
     ) -> None:
         # The arguments as passed (the trainer's config stores them), DDPStrategy's only where they are plain data.
@@ -91,6 +97,10 @@ class MegatronStrategy(DDPStrategy):
                 "MegatronStrategy: the fp16 loss scaler needs 0 < fp16_min_loss_scale <= fp16_initial_loss_scale, "
                 f"fp16_loss_scale_window >= 1 and fp16_hysteresis >= 1; got {fp16_min_loss_scale}, "
                 f"{fp16_initial_loss_scale}, {fp16_loss_scale_window}, {fp16_hysteresis}."
+            )
+        if checkpoint_format not in ("torch", "torch_dist"):
+            raise ValueError(
+                f"MegatronStrategy: checkpoint_format must be 'torch' or 'torch_dist', got {checkpoint_format!r}."
             )
         super().__init__(**kwargs)
         vars(self).update(self.init_args)  # self.tensor_model_parallel_size, ... (no Strategy attribute is so named)
@@ -284,12 +294,31 @@ class MegatronStrategy(DDPStrategy):
         return bool(flag == self.world_size) if all else bool(flag)
 
     # ---------------------------------------------------------------------------------------------- checkpoints
+    def optimizer_state(self, optimizer: Any) -> dict[str, Any]:
+        """Under ``torch_dist`` the optimizer state is written by :meth:`save_checkpoint`, each rank its shards:
+        nothing is gathered here."""
+        return {} if self.checkpoint_format == "torch_dist" else super().optimizer_state(optimizer)
+
     def save_checkpoint(self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any = None) -> None:
-        """One shard per model-parallel rank, written atomically (see :mod:`speechtrain.lightning.checkpoint`)."""
-        sharded.save_checkpoint(checkpoint, filepath)
+        """``torch``: one shard per model-parallel rank, written atomically (see
+        :mod:`speechtrain.lightning.checkpoint`); ``torch_dist``: Megatron's distributed checkpoint
+        (:mod:`speechtrain.lightning.dist_checkpoint`)."""
+        if self.checkpoint_format == "torch_dist":
+            dist_checkpoint.save_checkpoint(checkpoint, filepath, self.lightning_module, self.optimizers)
+        else:
+            sharded.save_checkpoint(checkpoint, filepath)
 
     def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:
+        """Either format, whichever ``checkpoint_format`` this run writes."""
+        if dist_checkpoint.is_dist_checkpoint(checkpoint_path):
+            return dist_checkpoint.load_checkpoint(checkpoint_path, self.lightning_module)
         return sharded.load_checkpoint(checkpoint_path, weights_only=True if weights_only is None else weights_only)
+
+    def load_optimizer_state_dict(self, checkpoint: Any) -> None:
+        if dist_checkpoint.holds_optimizer_state(checkpoint):
+            dist_checkpoint.load_optimizer_state(checkpoint, self.lightning_module, self.optimizers)
+        else:
+            super().load_optimizer_state_dict(checkpoint)
 
     def remove_checkpoint(self, filepath: Any) -> None:
         sharded.remove_checkpoint(filepath)

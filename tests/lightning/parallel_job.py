@@ -44,6 +44,16 @@ class KillAt(pl.Callback):
             os.kill(os.getpid(), signal.SIGKILL)
 
 
+class SaveAtStart(pl.Callback):
+    """Saves a checkpoint before the first step (of a resumed run: the state just read back)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def on_train_start(self, trainer, pl_module):
+        trainer.save_checkpoint(self.path)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True)
@@ -67,6 +77,8 @@ def main() -> None:
     parser.add_argument("--archive", help="save the trained model here (.stm) after fit")
     parser.add_argument("--relative-positions", action="store_true")
     parser.add_argument("--distributed-optimizer", action="store_true")
+    parser.add_argument("--checkpoint-format", default="torch", help="the strategy's checkpoint_format")
+    parser.add_argument("--save-at-start", help="save a checkpoint here before the first step")
     args = parser.parse_args()
 
     torch.set_num_threads(1)
@@ -79,6 +91,7 @@ def main() -> None:
             pipeline_model_parallel_size=args.pp,
             micro_batch_size=args.micro_batch_size,
             use_distributed_optimizer=args.distributed_optimizer,
+            checkpoint_format=args.checkpoint_format,
         )
     )
     recorder = RecordLosses()
@@ -91,6 +104,8 @@ def main() -> None:
         )
     if args.kill_at:
         callbacks.append(KillAt(args.kill_at))
+    if args.save_at_start:
+        callbacks.append(SaveAtStart(args.save_at_start))
     trainer = Trainer(
         accelerator=args.accelerator,
         devices=args.devices,

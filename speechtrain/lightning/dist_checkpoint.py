@@ -1,0 +1,405 @@
+"""Checkpoints in Megatron Core's ``dist_checkpointing`` format (``torch_dist`` backend): resumable under another
+tensor- or data-parallel layout.
+
+A checkpoint is a folder::
+
+    <name>.ckpt/
+        weights/          Megatron's distributed checkpoint of the model and the optimizer: every rank writes its own
+                          shards in parallel; any TP x DP layout reads back the parts it needs (resharding is
+                          Megatron's); its ``integrity.json`` holds each file's SHA-256
+        run.ckpt          the rest of Lightning's checkpoint (loops, callbacks, LR schedulers, every rank's random
+                          streams, the sampler's position), CRC-checked on load; ``run_tpXX_ppYYY.ckpt`` the same of
+                          the other model-parallel ranks (callbacks such as the EMA keep tensors of their shards)
+        metadata.json     the complete-marker: format, layout and every file's size; written last
+
+The folder is written under ``<name>.ckpt.partial``, fsynced, and put in place of the previous checkpoint with the
+renames of :mod:`speechtrain.lightning.checkpoint` (a kill at any point leaves the previous or the new checkpoint
+findable; :func:`~speechtrain.lightning.checkpoint.checkpoint_candidates` knows both formats).
+
+Megatron's own modules (the SALM's ``GPTModel``) describe their shards themselves (``sharded_state_dict``); every
+other parameter and buffer of a speechtrain model is described here, from the tensor-parallel marks Megatron's
+layers put on their parameters (``tensor_model_parallel``, ``partition_dim``), by :func:`model_sharded_state_dict`:
+Megatron has no description of modules that are not its own. The optimizer's state is Megatron's
+``sharded_state_dict`` of its optimizer (for the distributed optimizer its "fully reshardable" form: each state
+tensor tied to its parameter's global tensor, so it reshards over TP and DP like the weights).
+"""
+
+import json
+import logging
+import os
+import pickle
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from speechtrain.lightning import checkpoint as files
+from speechtrain.lightning import parallel_state
+
+logger = logging.getLogger(__name__)
+
+FORMAT = files.DIST_FORMAT
+WEIGHTS, RUN = "weights", "run.ckpt"
+# The distributed optimizer's state in the checkpoint: Megatron's "fully_reshardable" format, each state tensor
+# shaped like its parameter and tied to its global tensor, so any TP x DP layout reads it. Megatron all-gathers the
+# flat shards over the data-parallel group to build it (its write is then spread over the DP ranks); its format
+# without the gather, "dp_reshardable", cannot change the TP size, and the gather-free model-space one
+# (flattened ranges) is refused by megatron-core 0.19.
+_DISTRIB_OPTIM_SHARDING = "fully_reshardable"
+
+
+def is_dist_checkpoint(path: str | os.PathLike) -> bool:
+    """``path`` is a folder written by :func:`save_checkpoint` (complete or not)."""
+    path = Path(path)
+    try:
+        return json.loads((path / files.METADATA).read_text()).get("format") == FORMAT
+    except (OSError, ValueError, AttributeError):
+        return path.is_dir() and (path / WEIGHTS).is_dir()
+
+
+# ------------------------------------------------------------------------------------------ sharded state dicts
+def _replica(tp_replicated: bool) -> tuple[int, int, int]:
+    """Megatron's replica id (PP, TP, DP): all zeros on the one rank that writes a tensor (shard)."""
+    tp_rank = parallel_state.tensor_parallel_rank() if tp_replicated else 0
+    return (0, tp_rank, parallel_state.data_parallel_rank())
+
+
+def _megatron_modules(module: torch.nn.Module) -> dict[str, torch.nn.Module]:
+    """The outermost Megatron Core modules inside ``module``, by name: they describe their own shards."""
+    from megatron.core.transformer.module import MegatronModule
+
+    found: dict[str, torch.nn.Module] = {}
+    for name, sub in module.named_modules():
+        if name and isinstance(sub, MegatronModule) and not any(name.startswith(f"{n}.") for n in found):
+            found[name] = sub
+    return found
+
+
+def model_sharded_state_dict(module: torch.nn.Module) -> dict[str, Any]:
+    """``module``'s state dict as Megatron ``ShardedTensor`` s, keyed like ``module.state_dict()``.
+
+    Megatron's modules contribute their own ``sharded_state_dict``; every other tensor is described from its
+    parameter's marks: a tensor-parallel parameter (``tensor_model_parallel``) is this TP rank's slice of the
+    global tensor along ``partition_dim``, written by data-parallel rank 0; anything else (replicated parameters,
+    buffers such as batch-norm statistics) is the whole tensor, written by TP and DP rank 0. The global tensors
+    are the ones a TP=1 model holds, so any TP size reads them. The tensors are the parameters themselves (what
+    Megatron's optimizers match their state to). Non-tensor entries (Megatron layers' empty ``_extra_state``) are
+    left out (see :func:`load_model_state`).
+
+    Raises:
+        NotImplementedError: a tensor-parallel parameter outside Megatron's modules split with a stride (its
+            global layout is not a plain concatenation).
+    """
+    from megatron.core.dist_checkpointing import ShardedTensor
+
+    tp, tp_rank = parallel_state.tensor_parallel_world_size(), parallel_state.tensor_parallel_rank()
+    sharded: dict[str, Any] = {}
+    megatron = _megatron_modules(module)
+    for name, sub in megatron.items():
+        sharded.update(sub.sharded_state_dict(prefix=f"{name}."))
+    params = {name: p for name, p in module.named_parameters(remove_duplicate=False)}
+    for key, tensor in module.state_dict(keep_vars=True).items():
+        if any(key.startswith(f"{n}.") for n in megatron) or not isinstance(tensor, torch.Tensor):
+            continue
+        param = params.get(key)
+        if tp > 1 and param is not None and getattr(param, "tensor_model_parallel", False):
+            if getattr(param, "partition_stride", 1) != 1:
+                raise NotImplementedError(
+                    f"{key}: a strided tensor-parallel split outside Megatron's modules has no checkpoint "
+                    "description; use trainer.strategy.checkpoint_format=torch."
+                )
+            sharded[key] = ShardedTensor.from_rank_offsets(
+                key, tensor, (param.partition_dim, tp_rank, tp), replica_id=_replica(False)
+            )
+        else:
+            sharded[key] = ShardedTensor.from_rank_offsets(key, tensor, replica_id=_replica(True))
+    return sharded
+
+
+def _mcore(optimizer: Any) -> Any:
+    return getattr(optimizer, "mcore", optimizer)
+
+
+def module_parameters(optimizer: Any) -> list[torch.Tensor]:
+    return [p for group in _mcore(optimizer).param_groups for p in group["params"]]
+
+
+def optimizer_sharded_state_dict(optimizer: Any, model_sharded: dict[str, Any], is_loading: bool = False) -> Any:
+    """Megatron's sharded state dict of ``optimizer`` (a :class:`~speechtrain.lightning.optimizer.MegatronOptimizer`),
+    tied to ``model_sharded`` (:func:`model_sharded_state_dict`)."""
+    # (Megatron's all-gather of the distributed optimizer's shards works on CUDA tensors only; a CPU run gathers them
+    # on data-parallel rank 0 over gloo, its other form.)
+    cpu = next((p.device.type == "cpu" for p in module_parameters(optimizer)), True)
+    metadata = {"distrib_optim_sharding_type": _DISTRIB_OPTIM_SHARDING,
+                "distrib_optim_fully_reshardable_mem_efficient": cpu}  # fmt: skip
+    return _mcore(optimizer).sharded_state_dict(model_sharded, is_loading=is_loading, metadata=metadata)
+
+
+# ------------------------------------------------------------------------------------------------------ save
+def _strategies(save: bool) -> Any:
+    """Megatron's ``torch_dist`` strategy, its work spread over the data-parallel replicas (fully parallel). Loading
+    is fully parallel under NCCL only: Megatron's exchange of the loaded shards between the replicas is written for
+    CUDA tensors; over gloo each rank reads its own shards itself."""
+    from megatron.core.dist_checkpointing.serialization import (
+        get_default_load_sharded_strategy,
+        get_default_save_sharded_strategy,
+    )
+    from megatron.core.dist_checkpointing.strategies.fully_parallel import (
+        FullyParallelLoadStrategyWrapper,
+        FullyParallelSaveStrategyWrapper,
+    )
+
+    group = parallel_state.data_parallel_group()
+    if save:
+        return FullyParallelSaveStrategyWrapper(get_default_save_sharded_strategy("torch_dist"), group)
+    if torch.distributed.get_backend() != "nccl":
+        return get_default_load_sharded_strategy()
+    return FullyParallelLoadStrategyWrapper(get_default_load_sharded_strategy(), group)
+
+
+def _fsync_tree(folder: Path) -> dict[str, int]:
+    """fsync every file under ``folder`` and the folders themselves; each file's size by its relative path."""
+    sizes = {}
+    for root, _, names in os.walk(folder):
+        for name in names:
+            path = Path(root) / name
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            sizes[str(path.relative_to(folder))] = path.stat().st_size
+        files._fsync_folder(Path(root))
+    return dict(sorted(sizes.items()))
+
+
+def save_checkpoint(checkpoint: dict[str, Any], path: str | os.PathLike, module: torch.nn.Module,
+                    optimizers: list[Any]) -> None:  # fmt: skip
+    """Write Lightning's ``checkpoint`` of ``module`` and ``optimizers`` at ``path`` (see module docstring); a
+    collective call on all ranks. ``checkpoint['state_dict']`` and ``['optimizer_states']`` are not used: the model
+    and optimizer state come from ``module`` and ``optimizers`` themselves, each rank writing its shards.
+
+    Raises:
+        CheckpointWriteError: a rank could not write its part; the previous checkpoint is kept.
+    """
+    from megatron.core import dist_checkpointing
+
+    if len(optimizers) > 1:
+        raise NotImplementedError("checkpoint_format=torch_dist holds one optimizer; this run has several.")
+    path = Path(path)
+    tmp = path.with_name(path.name + files.PARTIAL)
+    error = None
+    if files._is_global_zero():
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            files._remove(tmp)
+            (tmp / WEIGHTS).mkdir(parents=True)
+        except Exception as e:
+            error = e
+    files._agree(error, path)
+    try:
+        state = {"model": model_sharded_state_dict(module)}
+        if optimizers:
+            state["optimizer"] = optimizer_sharded_state_dict(optimizers[0], state["model"])
+        dist_checkpointing.save(state, str(tmp / WEIGHTS), sharded_strategy=_strategies(save=True),
+                                verify_integrity=True)  # fmt: skip
+    except Exception as e:
+        error = e if not isinstance(e, OSError) else files._write_error(e, path)
+    files._agree(error, path)
+    if parallel_state.data_parallel_rank() == 0:  # the run state of each model-parallel rank (see _run_name)
+        try:
+            run = {k: v for k, v in checkpoint.items() if k not in ("state_dict", "optimizer_states")}
+            files._save(run, tmp / _run_name(), path)
+        except Exception as e:
+            error = e
+    files._agree(error, path)
+    if files._is_global_zero():
+        try:
+            sizes = _fsync_tree(tmp)
+            metadata = {"format": FORMAT, "tensor_model_parallel_size": parallel_state.tensor_parallel_world_size(),
+                        "pipeline_model_parallel_size": parallel_state.pipeline_parallel_world_size(),
+                        "data_parallel_size": parallel_state.data_parallel_world_size(),
+                        "distributed_optimizer": bool(optimizers) and _distributed(optimizers[0]),
+                        "shard_bytes": sizes}  # fmt: skip
+            with open(tmp / files.METADATA, "w") as f:  # the complete-marker, written last
+                f.write(json.dumps(metadata))
+                f.flush()
+                os.fsync(f.fileno())
+            files._fsync_folder(tmp)
+            files._replace(tmp, path)
+        except Exception as e:
+            written = not isinstance(e, OSError) or isinstance(e, files.CheckpointWriteError)
+            error = e if written else files._write_error(e, path)
+    files._agree(error, path)
+
+
+def _run_name(tp_rank: int | None = None, pp_rank: int | None = None) -> str:
+    """The run-state file of a model-parallel rank: ``run.ckpt`` for the first, ``run_tpXX_ppYYY.ckpt`` for the
+    others. Callbacks may keep per-rank tensors of this rank's shards (the EMA of the weights), so each
+    model-parallel rank writes its own, as in the ``torch`` format; data-parallel replicas hold the same."""
+    tp_rank = parallel_state.tensor_parallel_rank() if tp_rank is None else tp_rank
+    pp_rank = parallel_state.pipeline_parallel_rank() if pp_rank is None else pp_rank
+    return RUN if tp_rank == pp_rank == 0 else f"run_tp{tp_rank:02d}_pp{pp_rank:03d}.ckpt"
+
+
+def _load_run(path: Path, saved: dict[str, Any]) -> dict[str, Any]:
+    """This rank's run state: its own under the saved TP/PP layout, else the first rank's, whose callbacks must not
+    hold tensors (they would be another layout's shards).
+
+    Raises:
+        ValueError: the layout changed and a callback's state holds tensors (named)."""
+    layout = (parallel_state.tensor_parallel_world_size(), parallel_state.pipeline_parallel_world_size())
+    same = layout == (saved["tensor_model_parallel_size"], saved["pipeline_model_parallel_size"])
+    own = path / _run_name()
+    run = files.load_verified(own if same and own.is_file() else path / RUN)
+    if not same:
+        sharded = [name for name, state in run.get("callbacks", {}).items() if _holds_tensors(state)]
+        if sharded:
+            raise ValueError(
+                f"Checkpoint {path} was written with tensor_model_parallel_size={saved['tensor_model_parallel_size']}"
+                f", pipeline_model_parallel_size={saved['pipeline_model_parallel_size']}; this run uses {layout[0]} "
+                f"and {layout[1]}, and the state of {', '.join(sharded)} holds tensors of the saved layout's shards. "
+                "Resume under the saved layout, or without that callback."
+            )
+    return run
+
+
+def _holds_tensors(state: Any) -> bool:
+    if isinstance(state, torch.Tensor):
+        return True
+    if isinstance(state, dict):
+        return any(_holds_tensors(v) for v in state.values())
+    return isinstance(state, list | tuple) and any(_holds_tensors(v) for v in state)
+
+
+def _distributed(optimizer: Any) -> bool:
+    return bool(_mcore(optimizer).config.use_distributed_optimizer)
+
+
+# ------------------------------------------------------------------------------------------------------ load
+def verify(path: str | os.PathLike) -> None:
+    """Check a checkpoint folder without loading it: complete (every file of its marker there, at its size) and
+    every file of its weights matching its SHA-256, and ``run.ckpt`` its CRCs.
+
+    Raises:
+        CorruptCheckpointError: naming the folder and what is wrong.
+    """
+    from megatron.core.dist_checkpointing.validation import _verify_integrity_manifest_impl
+
+    path = Path(path)
+    _check(path)
+    try:
+        _verify_integrity_manifest_impl(str(path / WEIGHTS))
+    except Exception as e:
+        raise files.CorruptCheckpointError(f"Checkpoint {path} is corrupt: {e}") from None
+    files.verify_file(path / RUN)
+
+
+def _check(path: Path) -> dict[str, Any]:
+    """The marker of a complete checkpoint at ``path`` (sizes checked, the index safe to read), or a
+    ``CorruptCheckpointError``."""
+    if not files._complete_folder(path):
+        raise files.CorruptCheckpointError(
+            f"Checkpoint {path} is incomplete or truncated (a file is missing or has another size than when it "
+            "was written): its save was interrupted or it was damaged since."
+        )
+    _check_index(path / WEIGHTS / ".metadata")
+    return json.loads((path / files.METADATA).read_text())
+
+
+# What the index of a torch_dist checkpoint (torch.distributed.checkpoint's ``.metadata``) may name when unpickled.
+_INDEX_CLASSES = {
+    "torch.distributed.checkpoint.metadata": None,  # (any name: the index's own dataclasses and enums)
+    "torch.distributed.checkpoint.filesystem": {"_StorageInfo"},
+    "torch.serialization": {"_get_layout"},
+    "torch": {"Size"},  # (and dtypes, below)
+    "collections": {"OrderedDict"},
+}
+
+
+class _IndexUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> Any:
+        allowed = module in _INDEX_CLASSES and (_INDEX_CLASSES[module] is None or name in _INDEX_CLASSES[module])
+        if allowed or (module == "torch" and isinstance(getattr(torch, name, None), torch.dtype)):
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(f"{module}.{name} is not allowed in a checkpoint index")
+
+
+def _check_index(index: Path) -> None:
+    """torch's distributed checkpoint reads its index ``.metadata`` with ``pickle.load``, which would run any code a
+    crafted file names: it is read here first by an unpickler that admits only the index's own classes."""
+    try:
+        with open(index, "rb") as f:
+            _IndexUnpickler(f).load()
+    except (pickle.UnpicklingError, EOFError, AttributeError, ValueError, TypeError) as e:
+        raise files.CorruptCheckpointError(f"Checkpoint index {index} is refused: {e}.") from None
+
+
+def load_checkpoint(path: str | os.PathLike, module: torch.nn.Module) -> dict[str, Any]:
+    """Lightning's checkpoint dict from ``path``, its ``state_dict`` this rank's part of the model under the current
+    layout (any TP/DP; Megatron reshards); the optimizer state is read later, by :func:`load_optimizer_state`, once
+    the optimizer exists. A collective call on all ranks. Every file is checked (sizes, SHA-256 and CRCs) first.
+
+    Raises:
+        CorruptCheckpointError: the checkpoint is incomplete, truncated or altered.
+    """
+    from megatron.core import dist_checkpointing
+
+    path = Path(path)
+    saved = _check(path)
+    saved_pp, current_pp = saved["pipeline_model_parallel_size"], parallel_state.pipeline_parallel_world_size()
+    if saved_pp != current_pp and _megatron_modules(module):
+        logger.warning("Checkpoint %s was written with pipeline_model_parallel_size=%d, this run uses %d.", path,
+                       saved_pp, current_pp)  # fmt: skip
+    run = _load_run(path, saved)
+    try:
+        model = dist_checkpointing.load({"model": model_sharded_state_dict(module)}, str(path / WEIGHTS),
+                                        sharded_strategy=_strategies(save=False),
+                                        verify_integrity=True)["model"]  # fmt: skip
+    except Exception as e:
+        if type(e).__name__ == "CheckpointingException":
+            raise files.CorruptCheckpointError(f"Checkpoint {path} cannot be read: {e}") from None
+        raise
+    run["state_dict"] = load_model_state(module, model)
+    run["optimizer_states"] = []  # read by load_optimizer_state
+    run[_PATH_KEY] = str(path)
+    return run
+
+
+_PATH_KEY = "speechtrain_dist_checkpoint"
+
+
+def load_model_state(module: torch.nn.Module, loaded: dict[str, Any]) -> dict[str, Any]:
+    """A state dict for ``module.load_state_dict``: the loaded tensors, with the module's own non-tensor entries
+    (which the checkpoint leaves out) and in its key order."""
+    current = module.state_dict()
+    return {key: loaded.get(key, value) for key, value in current.items()}
+
+
+def holds_optimizer_state(checkpoint: dict[str, Any]) -> bool:
+    """``checkpoint`` (from :func:`load_checkpoint`) has its optimizer state still in the folder."""
+    return _PATH_KEY in checkpoint
+
+
+@torch.no_grad()  # Megatron copies the loaded state into its (grad-requiring) main parameters in place
+def load_optimizer_state(checkpoint: dict[str, Any], module: torch.nn.Module, optimizers: list[Any]) -> None:
+    """Load the optimizer state of the checkpoint :func:`load_checkpoint` returned into ``optimizers`` (built for
+    the current layout). A collective call on all ranks."""
+    from megatron.core import dist_checkpointing
+
+    from speechtrain.lightning.megatron_compat import fused_cpu_kernels
+
+    if not optimizers:
+        return
+    path = Path(checkpoint[_PATH_KEY])
+    saved = _check(path)
+    optimizer = optimizers[0]
+    model_sharded = model_sharded_state_dict(module)
+    if bool(saved.get("distributed_optimizer")) != _distributed(optimizer):
+        logger.info("Checkpoint %s: optimizer state written with use_distributed_optimizer=%s, read with %s.",
+                    path, saved.get("distributed_optimizer"), _distributed(optimizer))  # fmt: skip
+    sharded = optimizer_sharded_state_dict(optimizer, model_sharded, is_loading=True)
+    state = dist_checkpointing.load({"optimizer": sharded}, str(path / WEIGHTS),
+                                    sharded_strategy=_strategies(save=False))["optimizer"]  # fmt: skip
+    _mcore(optimizer).load_state_dict(state)
+    fused_cpu_kernels(_mcore(optimizer))  # the loaded groups carry the flags they were saved with
