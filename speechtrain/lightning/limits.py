@@ -50,7 +50,7 @@ class RankAgreement:
         flags = [bool(self.sources[name]()) for name in names]
         if distributed and names:
             # Host flags, reduced on the host: a CPU tensor over a gloo group never waits for the device.
-            tensor = torch.tensor(flags, dtype=torch.uint8)
+            tensor = torch.tensor(flags, dtype=torch.uint8, device="cpu")
             torch.distributed.all_reduce(tensor, op=torch.distributed.ReduceOp.MAX, group=host_group())
             flags = [value > 0 for value in tensor.tolist()]
         self.step, self.agreed = step, dict(zip(names, flags, strict=True))
