@@ -244,7 +244,7 @@ def _run_name(tp_rank: int | None = None, pp_rank: int | None = None) -> str:
 
 def _load_run(path: Path, saved: dict[str, Any]) -> dict[str, Any]:
     """This rank's run state: its own under the saved TP/PP layout, else the first rank's, whose callbacks must not
-    hold tensors (they would be another layout's shards).
+    hold tensors other than scalars (they would be another layout's shards).
 
     Raises:
         ValueError: the layout changed and a callback's state holds tensors (named)."""
@@ -265,8 +265,9 @@ def _load_run(path: Path, saved: dict[str, Any]) -> dict[str, Any]:
 
 
 def _holds_tensors(state: Any) -> bool:
+    """Any tensor of one dimension or more in ``state`` (scalars such as ModelCheckpoint's scores are not shards)."""
     if isinstance(state, torch.Tensor):
-        return True
+        return state.ndim > 0
     if isinstance(state, dict):
         return any(_holds_tensors(v) for v in state.values())
     return isinstance(state, list | tuple) and any(_holds_tensors(v) for v in state)

@@ -134,14 +134,43 @@ def test_tensor_parallel_parameters_are_described_as_slices_of_the_tp1_tensor(_o
         dist_checkpoint.model_sharded_state_dict(module)
 
 
+def test_a_failed_write_keeps_the_previous_dist_checkpoint(_one_process, tmp_path, monkeypatch):
+    """A write failing inside Megatron's save (a full disk) is reported with the path and the reason; the previous
+    checkpoint stays in place, complete and loadable, and the partial folder is a leftover for clean_leftovers."""
+    from megatron.core import dist_checkpointing
+
+    module = torch.nn.Linear(3, 2)
+    path = tmp_path / "last.ckpt"
+    dist_checkpoint.save_checkpoint({"global_step": 1}, path, module, [])
+    before = {name: t.clone() for name, t in module.state_dict().items()}
+    original = dist_checkpointing.save
+
+    def full_disk(state, folder, **kwargs):
+        original(state, folder, **kwargs)  # the shards are written, then the disk fills up
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(dist_checkpointing, "save", full_disk)
+    with torch.no_grad():
+        module.weight.add_(1.0)
+    with pytest.raises(files.CheckpointWriteError, match="the disk is full.*previous checkpoint at .*last.ckpt"):
+        dist_checkpoint.save_checkpoint({"global_step": 2}, path, module, [])
+    assert files.checkpoint_candidates(path) == [path]
+    dist_checkpoint.verify(path)
+    loaded = dist_checkpoint.load_checkpoint(path, module)
+    assert loaded["global_step"] == 1
+    torch.testing.assert_close(loaded["state_dict"]["weight"], before["weight"], rtol=0, atol=0)
+    assert files.clean_leftovers(tmp_path) == [path.with_name("last.ckpt.partial")]
+
+
 def test_run_state_of_another_layout_is_read_from_the_first_rank_unless_a_callback_holds_shards(tmp_path):
     """Each model-parallel rank's run state is its own file; under another TP/PP layout the first rank's is read,
     and a callback state of tensors (the EMA of TP shards) is refused by name rather than loaded into other shards."""
     saved = {"tensor_model_parallel_size": 2, "pipeline_model_parallel_size": 1}
-    torch.save({"global_step": 4, "callbacks": {"Other": {"count": 1}}}, tmp_path / dist_checkpoint.RUN)
+    scores = {"Other": {"count": 1, "best_score": torch.tensor(0.5)}}  # (scalars: a ModelCheckpoint's scores)
+    torch.save({"global_step": 4, "callbacks": scores}, tmp_path / dist_checkpoint.RUN)
     torch.save({"global_step": 4, "callbacks": {}}, tmp_path / dist_checkpoint._run_name(1, 0))
     assert dist_checkpoint._run_name(1, 0) == "run_tp01_pp000.ckpt"
-    assert dist_checkpoint._load_run(tmp_path, saved)["callbacks"] == {"Other": {"count": 1}}  # (this run: TP=1)
+    assert dist_checkpoint._load_run(tmp_path, saved)["callbacks"].keys() == {"Other"}  # (this run: TP=1)
     torch.save({"callbacks": {"EMA": {"ema": [torch.zeros(2)], "updates": 3}}}, tmp_path / dist_checkpoint.RUN)
     with pytest.raises(ValueError, match="tensor_model_parallel_size=2.*EMA"):
         dist_checkpoint._load_run(tmp_path, saved)
