@@ -31,6 +31,14 @@ from speechtrain.corpora.dtmf import make_dtmf_corpus
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
 
+def _dhms(seconds: float) -> str:
+    """Lightning's ``max_time`` string (``DD:HH:MM:SS``, each field below its base) for ``seconds``."""
+    minutes, secs = divmod(int(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    days, hours = divmod(hours, 24)
+    return f"{days:02d}:{hours:02d}:{minutes:02d}:{secs:02d}"
+
+
 def concatenate(records: list[dict], source: Path, folder: Path, name: str, seconds: float, pieces) -> dict:
     """A file of about ``seconds`` made of the next DTMF utterances of ``pieces`` with 0.3 s pauses, and its row."""
     pause = np.zeros(int(0.3 * 16000), dtype=np.float32)
@@ -73,7 +81,7 @@ def train_dtmf_model(folder: Path, seconds: float) -> Path:
     tokenizer = folder / "digits.json"
     CharTokenizer([" ", *"0123456789"]).save(tokenizer)
     overrides = [
-        f"exp_manager.exp_dir={folder / 'exp'}", "trainer.precision=32", f"trainer.max_time=00:00:00:{int(seconds)}",
+        f"exp_manager.exp_dir={folder / 'exp'}", "trainer.precision=32", f"trainer.max_time={_dhms(seconds)}",
         "trainer.enable_progress_bar=false", "trainer.num_sanity_val_steps=0", f"model.tokenizer.path={tokenizer}",
         f"model.train_ds.manifest_filepath={train}", f"model.validation_ds.manifest_filepath={dev}",
         "model.encoder.d_model=64", "model.encoder.num_layers=2", "model.encoder.num_heads=2",
