@@ -113,7 +113,7 @@ def main(cfg):
     lm = FinetuneLMConfig(**OmegaConf.to_container(cfg.lm)) if cfg.get("lm") is not None else None
     model = finetune_model(base, OmegaConf.to_container(cfg.model), cfg.init_from.include, cfg.init_from.exclude,
                            defer=True, lm=lm)  # fmt: skip
-    trainer = Trainer(**OmegaConf.to_container(cfg.trainer, resolve=True))
+    trainer = Trainer.from_job_config(cfg.trainer)
     log_dir = exp_manager(trainer, cfg.exp_manager, name=cfg.name, job_config=cfg)
     fit_and_report(trainer, model, log_dir, start)
     teardown(trainer, model)

@@ -10,13 +10,12 @@ import dataclasses
 import re
 import sys
 from collections.abc import Sequence
-from typing import Any, NoReturn, TypeVar
+from typing import Any, NoReturn
 
 from omegaconf import OmegaConf
 
 from speechtrain.common.config import ConfigError, validate_config
 
-T = TypeVar("T")
 USAGE_EXIT = 2  # the status of a command-line mistake (argparse's and Hydra's convention)
 
 
@@ -88,7 +87,7 @@ def help_text(schema: type, doc: str | None, prog: str | None = None) -> str:
     return "\n".join(lines)
 
 
-def parse_key_values(argv: Sequence[str], schema: type[T], doc: str | None = None, prog: str | None = None) -> T:
+def parse_key_values[T](argv: Sequence[str], schema: type[T], doc: str | None = None, prog: str | None = None) -> T:
     """``key=value`` arguments as a checked ``schema`` instance (see the module docstring).
 
     Raises:
