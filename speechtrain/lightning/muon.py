@@ -7,8 +7,9 @@ so that its RMS matches AdamW's and the same learning rate and schedule serve bo
 and output layers (the model names them: :attr:`speechtrain.core.model.SpeechModel.MUON_ADAMW_MODULES`), biases, norms,
 convolutions and recurrent weights stay with AdamW, as Muon's authors prescribe.
 
-Why this file and not the engine's: Megatron Core 0.16's Muon (``get_megatron_muon_optimizer``) needs the
-``emerging-optimizers`` package, which ships for Python >= 3.12 only (this project's pin is 3.11); torch's own
+Why this file and not the engine's: it was written when Megatron Core's Muon (``get_megatron_muon_optimizer``, which
+needs the ``emerging-optimizers`` package, Python >= 3.12) was out of reach of the project's Python 3.11 pin; on 3.12
+and 0.19 it installs, and which of the two stays is to be decided by measurement (docs/bridge.md). torch's own
 ``torch.optim.Muon`` computes the same update one matrix at a time, where :func:`orthogonalize` stacks the matrices
 of one shape and runs the iterations as batched products, fewer and larger (``benchmarks/asr_optimizers.py --cost``
 times both). Its numbers are torch's (tested against ``torch.optim.Muon``).
