@@ -69,6 +69,7 @@ def _denormal_probe(**env: str) -> tuple[int, float]:
     return int(out[0]), float(out[1])
 
 
+@pytest.mark.slow
 def test_the_trainer_flushes_denormals_on_every_thread_and_not_when_turned_off():
     nonzero, tiny = _denormal_probe()
     assert nonzero == 0 and tiny == 0.0  # both intra-op threads flush (they start after the Trainer)

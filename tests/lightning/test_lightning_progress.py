@@ -27,6 +27,7 @@ def test_progress_reports_every_interval_with_done_total_and_time_left():
     assert format_duration(3725) == "1:02:05"
 
 
+@pytest.mark.slow
 @pytest.mark.multiprocess
 def test_a_two_rank_run_written_to_a_file_logs_progress_and_starts_short(tmp_path, dtmf_manifest):
     """What `make demo > log` shows: progress lines during training, and few lines before the first one."""
