@@ -223,7 +223,7 @@ def import_megatron() -> types.ModuleType:
         import megatron.core  # noqa: F401
 
         _tolerate_foreign_decoders()
-        _process_memory_without_psutil()
+        _in_process_write_results()
         _torch_optimizer_step_state()
         _state["swaps"] = _cpu_swaps()
         _fused_fallback_kernels()
@@ -261,22 +261,15 @@ def _predicted_logits(
     return target_mask, masked_target_1d, predicted, exp_logits.sum(dim=-1), exp_logits
 
 
-def _process_memory_without_psutil() -> None:
-    """Megatron's checkpoint writer logs each writer's memory through ``psutil``, which megatron-core does not
-    install; without it every save fails. The resident size from ``resource`` instead (a debug log line only).
-
-    And the writer hands its results back through a queue served by a ``multiprocessing`` manager process, spawned
-    at the first save and left running: a rank killed with SIGKILL (preemption, a crash) leaves it orphaned and
-    spinning, holding the job's output open. speechtrain saves synchronously (the writer's threads run in the
-    rank's own process), so a thread-safe in-process queue serves (on every device; Megatron's asynchronous,
+def _in_process_write_results() -> None:
+    """Megatron's checkpoint writer hands its results back through a queue served by a ``multiprocessing`` manager
+    process, spawned at the first save and left running: a rank killed with SIGKILL (preemption, a crash) leaves it
+    orphaned and spinning, holding the job's output open. speechtrain saves synchronously (the writer's threads run
+    in the rank's own process), so a thread-safe in-process queue serves (on every device; Megatron's asynchronous,
     process-based save would need the manager's)."""
     import queue
 
     writer = importlib.import_module("megatron.core.dist_checkpointing.strategies.filesystem_async")
-    if not writer.HAVE_PSUTIL:
-        import resource
-
-        writer._process_memory = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     writer.get_write_results_queue = lambda mp_mode="spawn": queue.Queue()
 
 
