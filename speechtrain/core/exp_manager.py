@@ -30,7 +30,7 @@ from lightning.pytorch.loggers.logger import rank_zero_experiment
 from omegaconf import DictConfig, OmegaConf
 
 from speechtrain.common.config import env_interpolations, validate_config, with_env_interpolations
-from speechtrain.lightning import CallbackGroup, TelemetryCallback, checkpoint
+from speechtrain.lightning import CallbackGroup, TelemetryCallback, checkpoint, dist_checkpoint
 from speechtrain.lightning.ema import EMA, EMAConfig
 from speechtrain.lightning.fault_tolerance import PreemptionCallback, was_preempted
 from speechtrain.lightning.launch import VERSION_ENV, is_global_rank_zero, job_version, shared_name
@@ -291,6 +291,8 @@ def find_last_checkpoint(run_root: Path, version: str | None = None, set_aside: 
         try:
             if path.is_file():
                 checkpoint.verify_file(path)
+            elif dist_checkpoint.is_dist_checkpoint(path):  # a torch_dist folder: its hashes and run state
+                dist_checkpoint.verify(path)
         except (ValueError, OSError) as error:  # (OSError: set aside by rank 0 meanwhile)
             refused.append(f"{path.name}: {error}")
             if set_aside and isinstance(error, ValueError):

@@ -9,6 +9,7 @@ Megatron's ``load_plain_tensors``), and a TP=2 run killed and resumed ends bit-i
 import json
 import os
 import pickle
+import shutil
 import socket
 import subprocess
 import sys
@@ -20,6 +21,7 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from test_lightning_megatron_parity import JOB, _env, _free_port, assemble, run_job
 
+from speechtrain.core.exp_manager import find_last_checkpoint
 from speechtrain.lightning import MegatronStrategy, Trainer, dist_checkpoint, parallel_state
 from speechtrain.lightning import checkpoint as files
 from speechtrain.lightning.megatron_compat import import_megatron
@@ -69,6 +71,19 @@ def test_a_run_resumed_from_a_dist_checkpoint_equals_an_uninterrupted_one_and_da
     assert resumed == straight[2:]
     for name, tensor in weights.items():
         torch.testing.assert_close(resumed_weights[name], tensor, rtol=0, atol=0, msg=name)
+
+    # a resume picks the run's last checkpoint unless it fails its checks, then the previous good one
+    run = tmp_path / "runs" / "version_0" / "checkpoints"
+    run.mkdir(parents=True)
+    shutil.copytree(saved, run / "step=2.ckpt")
+    shutil.copytree(tmp_path / "straight" / "ckpt" / "step=4.ckpt", run / "run--last.ckpt")
+    assert find_last_checkpoint(tmp_path / "runs") == run / "run--last.ckpt"
+    last_shard = next((run / "run--last.ckpt" / dist_checkpoint.WEIGHTS).glob("*.distcp"))
+    flipped = bytearray(last_shard.read_bytes())
+    flipped[len(flipped) // 2] ^= 0xFF
+    last_shard.write_bytes(bytes(flipped))
+    assert find_last_checkpoint(tmp_path / "runs", set_aside=True) == run / "step=2.ckpt"
+    assert (run / "run--last.ckpt.corrupt").is_dir()
 
     shard = next((saved / dist_checkpoint.WEIGHTS).glob("*.distcp"))
     data = bytearray(shard.read_bytes())
