@@ -189,7 +189,12 @@ def test_two_nodes_on_localhost_match_single_process(reference, tmp_path):
 @pytest.mark.multiprocess
 @pytest.mark.parametrize(
     "nproc, extra",
-    [(2, []), pytest.param(4, ["--distributed-optimizer"], marks=pytest.mark.slow)],  # (104 s; its parity: default)
+    # (slow: the default suite resumes bit-identically at DP=1 (test_faults, exp_manager) and holds every TP layout's
+    # parity; this one on CI's time is the heaviest test)
+    [
+        pytest.param(2, [], marks=pytest.mark.slow),
+        pytest.param(4, ["--distributed-optimizer"], marks=pytest.mark.slow),
+    ],  # fmt: skip
     ids=["tp2", "tp2xdp2-distributed-optimizer"],
 )
 def test_tp2_run_killed_and_resumed_equals_uninterrupted_run(tmp_path, nproc, extra):

@@ -236,6 +236,7 @@ def test_shard_and_unshard_follow_megatron_strides():
     assert torch.equal(unshard_tensor(pieces, 1), full)
 
 
+@pytest.mark.slow
 @pytest.mark.multiprocess
 def test_tensor_parallel_lora_equals_single_process(tmp_path):
     env = fresh_launch_env(OMP_WAIT_POLICY="PASSIVE", OMP_NUM_THREADS="1")  # not an earlier test's rendezvous
