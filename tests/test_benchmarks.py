@@ -175,3 +175,28 @@ def test_dp_step_balance_refuses_one_process_and_too_short_a_record(tmp_path, ca
         np.savetxt(tmp_path / f"rank{rank}.txt", np.ones((12, 7)))
     with pytest.raises(RuntimeError, match="only 12 steps recorded; run more than --skip \\+ 10 = 60"):
         main.__globals__["analyse"](tmp_path, devices=2, skip=50)
+
+
+def test_checkpoint_io_records_save_size_and_load_per_model_and_format(monkeypatch):
+    main = _main("checkpoint_io")
+    calls = []
+    monkeypatch.setitem(main.__globals__, "append", lambda *args, **kwargs: calls.append((*args, kwargs)))
+    row = {"model": "demo_hybrid", "format": "torch_dist", "save_s": [1.0, 3.0, 2.0], "bytes": [10, 12, 12],
+           "load_s": 0.504, "params": 1000, "global_step": 1}  # fmt: skip
+    main.__globals__["record"]([main.__globals__["summarise"](row)], "python benchmarks/checkpoint_io.py")
+    assert [c[:3] for c in calls] == [
+        ("checkpoint.demo_hybrid.dp2.torch_dist.save_s", 2.0, "s"),
+        ("checkpoint.demo_hybrid.dp2.torch_dist.bytes", 12, "bytes"),
+        ("checkpoint.demo_hybrid.dp2.torch_dist.load_s", 0.5, "s"),
+    ]
+    assert "median of 3 saves" in calls[0][4]["note"] and "AdamW instead of Muon" in calls[1][4]["note"]
+
+
+@pytest.mark.slow
+def test_checkpoint_io_times_both_formats_of_a_tiny_model_on_two_ranks(capsys):
+    _main("checkpoint_io")(["--models", "debug", "--repeats", "2", "--timeout", "300"])
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| debug | ")]
+    assert [row.split(" | ")[1] for row in rows] == ["torch", "torch_dist"]
+    for row in rows:
+        cells = row.strip("| ").split(" | ")
+        assert float(cells[3]) > 0 and int(cells[5].replace(",", "")) > 0 and float(cells[6]) > 0

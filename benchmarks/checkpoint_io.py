@@ -1,0 +1,225 @@
+"""Checkpoint save time, size on disk and load time of the two checkpoint formats (``torch``, ``torch_dist``) at DP=2.
+
+    python benchmarks/checkpoint_io.py                                   # demo_hybrid and fastconformer_ctc_large
+    python benchmarks/checkpoint_io.py --models demo_hybrid --repeats 3  # one model
+    python benchmarks/checkpoint_io.py --record                          # and append the figures to results/
+
+Each run is two gloo CPU processes (``torch.distributed.run``) that build a recipe's model at its size through the
+bridge (``MegatronStrategy``, ``use_distributed_optimizer=true``, the format under test), train one optimizer step on
+a tiny batch of the generated DTMF corpus (so the optimizer state exists), then time ``trainer.save_checkpoint`` on
+every rank (between barriers) ``--repeats`` times, a fresh path each time, and count the bytes the checkpoint takes on
+disk. Load: the last checkpoint read back into the live trainer (``strategy.load_checkpoint``, the model's and the
+optimizer's state; what a resume does before training), right after it was written.
+
+Models: ``demo_hybrid`` is ``examples/conf/asr_train_hybrid.yaml`` (``make demo``'s model, ``model.size=demo``) with
+AdamW in place of its Muon (Muon cannot run with the distributed optimizer); ``fastconformer_ctc_large`` is
+``examples/conf/fastconformer_ctc_large.yaml`` (``model.size=large``, 18 layers). Both in fp32, with a character
+tokenizer of the recipe's vocabulary size (the same output layers as its BPE). ``debug`` is the tiny model of the
+tests (``asr_train`` at ``model.size=debug``).
+"""
+
+import argparse
+import json
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+FORMATS = ("torch", "torch_dist")
+# name: (recipe, vocabulary size, extra overrides)
+MODELS = {
+    "demo_hybrid": ("asr_train_hybrid", 64, ["model.optim.name=adamw"]),
+    "fastconformer_ctc_large": ("fastconformer_ctc_large", 1024, []),
+    "debug": ("asr_train", 11, ["model.size=debug", "model.preprocessor.n_mels=16"]),
+}
+NOTES = {
+    "demo_hybrid": "asr_train_hybrid (model.size=demo) with AdamW instead of Muon (refused with the distributed "
+    "optimizer), fp32",
+    "fastconformer_ctc_large": "fastconformer_ctc_large recipe (model.size=large, 18 layers) in fp32",
+}
+
+
+def _vocabulary(size: int) -> list[str]:
+    """``size`` distinct characters: the DTMF transcripts' (space, digits) first."""
+    chars = [" ", *"0123456789", *"abcdefghijklmnopqrstuvwxyz", *"ABCDEFGHIJKLMNOPQRSTUVWXYZ", "'"]
+    return (chars + [chr(0x4E00 + i) for i in range(max(0, size - len(chars)))])[:size]
+
+
+def _disk_bytes(path: Path) -> int:
+    if path.is_file():
+        return path.stat().st_size
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+def run_one(model_name: str, checkpoint_format: str, repeats: int, out: Path) -> None:
+    """One rank of the job (launched by ``torch.distributed.run``): build, train one step, time the saves and the
+    load; global rank 0 writes ``out/result.json``."""
+    import lightning.pytorch as pl
+    import torch
+    from omegaconf import OmegaConf
+
+    from speechtrain.asr.jobs import asr_model_class
+    from speechtrain.core.hydra_runner import compose_config
+    from speechtrain.lightning import Trainer, teardown
+
+    torch.set_num_threads(1)
+    sys.path.insert(0, str(ROOT / "examples"))
+    import asr_train
+
+    recipe, vocab_size, extra = MODELS[model_name]
+    rank = int(os.environ.get("RANK", "0"))
+    work = out / "work"
+    manifest = work / "dtmf" / "manifest.json"  # made by the parent
+    tokenizer = work / f"chars{vocab_size}.json"
+    overrides = [
+        f"model.tokenizer.path={tokenizer}", f"model.train_ds.manifest_filepath={manifest}",
+        "model.train_ds.input_cfg=null", f"model.validation_ds.manifest_filepath={manifest}",
+        "model.train_ds.batch_size=4", "model.train_ds.batch_duration=null", "model.train_ds.use_bucketing=false",
+        "model.train_ds.num_workers=0", "model.train_ds.pin_memory=false", "model.validation_ds.num_workers=0",
+        "model.decoding.strategy=greedy", *extra,
+    ]  # fmt: skip
+    main = asr_train.main
+    cfg = compose_config(main.config_dir, recipe, overrides, main.schema, main.translate)
+    pl.seed_everything(cfg.seed, verbose=False)
+    strategy = {**OmegaConf.to_container(cfg.trainer.strategy, resolve=True), "use_distributed_optimizer": True,
+                "checkpoint_format": checkpoint_format}  # fmt: skip
+    trainer = Trainer.from_job_config(
+        cfg.trainer, strategy=strategy, accelerator="cpu", devices=2, num_nodes=1, precision="32", max_steps=1,
+        max_time=None, max_epochs=None, limit_val_batches=0, num_sanity_val_steps=0, logger=False,
+        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+        default_root_dir=str(work / "root"),
+    )  # fmt: skip
+    model = asr_model_class(cfg.model)(cfg.model)
+    trainer.fit(model)
+    if trainer.global_step != 1:
+        raise RuntimeError(f"{model_name}: {trainer.global_step} optimizer steps trained, expected 1")
+    params = sum(p.numel() for p in model.parameters())
+    barrier = torch.distributed.barrier
+    saves, sizes, path = [], [], None
+    for i in range(repeats):
+        previous, path = path, out / f"save{i}.ckpt"
+        barrier()
+        start = time.perf_counter()
+        trainer.save_checkpoint(path)
+        barrier()
+        saves.append(time.perf_counter() - start)
+        if rank == 0:
+            sizes.append(_disk_bytes(path))
+            if previous is not None:  # one checkpoint on disk at a time
+                shutil.rmtree(previous) if previous.is_dir() else previous.unlink()
+        barrier()
+    barrier()
+    start = time.perf_counter()
+    checkpoint = trainer.strategy.load_checkpoint(path)
+    trainer.strategy.load_model_state_dict(checkpoint)
+    trainer.strategy.load_optimizer_state_dict(checkpoint)
+    barrier()
+    load = time.perf_counter() - start
+    if rank == 0:
+        result = {"model": model_name, "format": checkpoint_format, "save_s": saves, "bytes": sizes,
+                  "load_s": load, "params": params, "global_step": trainer.global_step}  # fmt: skip
+        (out / "result.json").write_text(json.dumps(result) + "\n")
+    teardown(trainer, model)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def measure(model_name: str, checkpoint_format: str, repeats: int, folder: Path, timeout: int) -> dict:
+    """Run :func:`run_one` on two processes in ``folder`` (its checkpoints removed afterwards); rank 0's result."""
+    from speechtrain.common.tokenizers import CharTokenizer
+    from speechtrain.corpora.dtmf import make_dtmf_corpus
+    from speechtrain.lightning.launch import fresh_launch_env
+
+    out = folder / f"{model_name}_{checkpoint_format}"
+    work = out / "work"
+    work.mkdir(parents=True, exist_ok=True)
+    make_dtmf_corpus(work / "dtmf", 16, seed=7)
+    vocab_size = MODELS[model_name][1]
+    CharTokenizer(_vocabulary(vocab_size)).save(work / f"chars{vocab_size}.json")
+    env = fresh_launch_env(OMP_WAIT_POLICY="PASSIVE", OMP_NUM_THREADS="1")
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={_free_port()}",
+               __file__, "--job", model_name, "--format", checkpoint_format, "--repeats", str(repeats),
+               "--out", str(out)]  # fmt: skip
+    try:
+        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+        if done.returncode != 0 or not (out / "result.json").exists():
+            raise RuntimeError(f"{model_name} ({checkpoint_format}) failed:\n{done.stdout[-3000:]}\n"
+                               f"{done.stderr[-6000:]}")  # fmt: skip
+        return json.loads((out / "result.json").read_text())
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
+
+
+def summarise(result: dict) -> dict:
+    return {**result, "save_median_s": statistics.median(result["save_s"]), "bytes_last": result["bytes"][-1]}
+
+
+def record(rows: list[dict], command: str) -> None:
+    """Append each row's figures: ``checkpoint.<model>.dp2.<format>.save_s | .bytes | .load_s``."""
+    for r in rows:
+        figure = f"checkpoint.{r['model']}.dp2.{r['format']}"
+        note = (f"{NOTES.get(r['model'], r['model'])}; {r['params']:,} parameters; DP=2 on 2 gloo CPU processes, "
+                f"distributed optimizer, one step trained on a tiny DTMF batch")  # fmt: skip
+        saves = ", ".join(f"{s:.2f}" for s in r["save_s"])
+        append(f"{figure}.save_s", round(r["save_median_s"], 2), "s",
+               command, note=f"median of {len(r['save_s'])} saves ({saves} s); {note}")  # fmt: skip
+        append(f"{figure}.bytes", r["bytes_last"], "bytes", command, note=note)
+        append(
+            f"{figure}.load_s",
+            round(r["load_s"], 2),
+            "s",
+            command,
+            note=f"the last save read back (load_checkpoint, model and optimizer state), page cache warm; {note}",
+        )
+
+
+def append(*args, **kwargs) -> dict:
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from results import append as append_record
+
+    return append_record(*args, **kwargs)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--models", nargs="+", choices=list(MODELS), default=list(MODELS)[:2])
+    parser.add_argument("--formats", nargs="+", choices=FORMATS, default=list(FORMATS))
+    parser.add_argument("--repeats", type=int, default=3, help="saves timed per model and format")
+    parser.add_argument("--timeout", type=int, default=1800, help="seconds per model and format")
+    parser.add_argument("--record", action="store_true", help="append the figures to results/checkpoint.jsonl")
+    parser.add_argument("--job", choices=list(MODELS), help=argparse.SUPPRESS)  # one rank's job (internal)
+    parser.add_argument("--format", choices=FORMATS, help=argparse.SUPPRESS)
+    parser.add_argument("--out", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.job:
+        run_one(args.job, args.format, args.repeats, Path(args.out))
+        return
+    rows = []
+    print("| model | format | parameters | save s (median) | saves s | bytes on disk | load s |")
+    print("|---|---|---|---|---|---|---|")
+    with tempfile.TemporaryDirectory() as tmp:
+        for model_name in args.models:
+            for checkpoint_format in args.formats:
+                r = summarise(measure(model_name, checkpoint_format, args.repeats, Path(tmp), args.timeout))
+                rows.append(r)
+                print(f"| {model_name} | {checkpoint_format} | {r['params']:,} | {r['save_median_s']:.2f} | "
+                      f"{', '.join(f'{s:.2f}' for s in r['save_s'])} | {r['bytes_last']:,} | {r['load_s']:.2f} |",
+                      flush=True)  # fmt: skip
+    if args.record:
+        command = "python benchmarks/checkpoint_io.py --models " + " ".join(args.models) + (
+            f" --repeats {args.repeats}")  # fmt: skip
+        record(rows, command)
+
+
+if __name__ == "__main__":
+    main()
