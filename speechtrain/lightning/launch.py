@@ -167,6 +167,46 @@ def _failure(marker: Path, nonce: str | None) -> str | None:
     return message.strip() if nonce is not None and written_by == nonce else None
 
 
+def _reachable_store(seconds: float) -> Any | None:
+    """:func:`launch_store` on a rank that is not its host, when the store answers within ``seconds``; else None
+    (its host, global rank 0, has exited or has not started yet)."""
+    key = _store_key()
+    if key in _STORE:
+        return _STORE[key]
+    from torch.distributed import PrefixStore, TCPStore
+
+    try:
+        store = TCPStore(key[0], key[1], is_master=False, timeout=datetime.timedelta(seconds=seconds),
+                         wait_for_workers=False)  # fmt: skip
+    except (RuntimeError, TimeoutError, OSError):
+        return None
+    store.set_timeout(datetime.timedelta(seconds=_timeout()))
+    _STORE.clear()
+    _STORE[key] = PrefixStore(f"speechtrain/attempt{key[3]}", store)
+    return _STORE[key]
+
+
+def _this_launchs_failure(marker: Path) -> str | None:
+    """The error in rank 0's failure ``marker`` when this launch's rank 0 wrote it, else None. Told by the launch's
+    nonce where rank 0's store answers; where it does not (rank 0 failed and exited before this rank asked, or has
+    not started yet), by time: a marker written after this process started is this launch's, an older one an
+    earlier launch's (this launch's rank 0 removes that one when it starts)."""
+    if _store_key() is not None and _reachable_store(seconds=5) is None:
+        import psutil
+
+        try:
+            written = marker.stat().st_mtime
+        except OSError:
+            return None
+        if written < psutil.Process().create_time():
+            return None
+        try:
+            return marker.read_text().partition("\n")[2].strip()
+        except OSError:
+            return None
+    return _failure(marker, launch_nonce(wait=False))
+
+
 def build_on_rank_zero(target: Path, build: Callable[[], None], what: str) -> None:
     """Make ``target`` (a file that appears atomically when complete) once per job: global rank 0 calls ``build``,
     the other ranks wait for the file. A file that exists already is reused. When ``build`` raises, rank 0 writes
@@ -199,7 +239,7 @@ def build_on_rank_zero(target: Path, build: Callable[[], None], what: str) -> No
     deadline = time.monotonic() + timeout
     while not target.is_file():
         if marker.is_file():
-            message = _failure(marker, launch_nonce(wait=False))
+            message = _this_launchs_failure(marker)
             if message is not None:
                 raise RuntimeError(f"Global rank 0 failed to build {what} ({target}), so global rank "
                                    f"{env_global_rank()} stops too. Rank 0's error: {message}")  # fmt: skip

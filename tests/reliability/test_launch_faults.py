@@ -119,6 +119,25 @@ def test_rank_zero_failing_to_build_the_tokenizer_stops_the_other_rank_within_se
     record.survive()
 
 
+@pytest.mark.multiprocess
+def test_a_rank_that_starts_after_rank_zero_failed_and_exited_stops_at_once(tmp_path):
+    """Rank 1 slower to start than rank 0 is to fail (a loaded node): by the time it asks, rank 0 and its store are
+    gone, so the failure marker is told to be this launch's by its time (written after rank 1's process began)."""
+    target, port = tmp_path / "tok" / "tokenizer.model", _free_port()
+    target.parent.mkdir()
+    marker = target.with_name("tokenizer.model.failed")
+    late = [{}, {"START_AFTER_FILE": str(marker)}]
+    procs = [subprocess.Popen([sys.executable, str(JOB), "build", str(target), "fail"],
+                              env=_clean_env(**_by_hand("env", rank, port), **late[rank]), stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True) for rank in (0, 1)]  # fmt: skip
+    zero = procs[0].communicate(timeout=300)[0]
+    assert procs[0].returncode != 0 and "injected: no transcripts" in zero, zero[-2000:]
+    start = time.monotonic()
+    one = procs[1].communicate(timeout=120)[0]
+    assert procs[1].returncode != 0 and "Global rank 0 failed to build the tokenizer" in one, one[-2000:]
+    assert time.monotonic() - start < 30
+
+
 @pytest.mark.slow
 @pytest.mark.multiprocess
 def test_a_failure_marker_of_an_earlier_launch_does_not_stop_the_next_one(tmp_path):
