@@ -7,6 +7,7 @@ A schema is a dataclass. A field whose type is another dataclass is checked recu
 fine-tuning job's ``model`` node overrides the pretrained model's config).
 """
 
+import copy
 import dataclasses
 import difflib
 import inspect
@@ -190,8 +191,6 @@ def env_interpolations(config: DictConfig | Mapping[str, Any] | list) -> dict[st
 def with_env_interpolations(plain: Any, interpolations: Mapping[str, Any]) -> Any:
     """A copy of the resolved ``plain`` with each value named in ``interpolations`` (from :func:`env_interpolations`
     of the config it was resolved from) put back as its interpolation text; keys no longer present are skipped."""
-    import copy
-
     out = copy.deepcopy(plain)
     for dotted, text in interpolations.items():
         *parents, last = dotted.split(".")

@@ -184,7 +184,9 @@ def _scaled_rotary_embedding() -> type:
             self.inv_freq = rope_frequencies(cfg)[0]
 
         def get_freqs_non_repeated(self, max_seq_len: int, offset: int = 0) -> torch.Tensor:
-            self.inv_freq = rope_frequencies(self.gpt_config, max_seq_len + offset)[0].to(self.inv_freq.device)
+            # only ``dynamic`` depends on the length: the others keep the table of __init__ (no copy per call)
+            if (self.gpt_config.rope_scaling or {}).get("rope_type") == "dynamic":
+                self.inv_freq = rope_frequencies(self.gpt_config, max_seq_len + offset)[0].to(self.inv_freq.device)
             return super().get_freqs_non_repeated(max_seq_len, offset)
 
     return ScaledRotaryEmbedding
