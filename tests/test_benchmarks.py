@@ -200,3 +200,41 @@ def test_checkpoint_io_times_both_formats_of_a_tiny_model_on_two_ranks(capsys):
     for row in rows:
         cells = row.strip("| ").split(" | ")
         assert float(cells[3]) > 0 and int(cells[5].replace(",", "")) > 0 and float(cells[6]) > 0
+
+
+def test_leave_one_out_restates_the_demo_blend_and_drops_only_the_left_out_engine():
+    from omegaconf import OmegaConf
+
+    module = _load("leave_one_out")
+    recipe = OmegaConf.to_container(OmegaConf.load(BENCHMARKS.parent / "examples/conf/asr_train_hybrid.yaml"))
+    expected = recipe["model"]["train_ds"]["input_cfg"]
+    counts = {"builtin:speech/train": 8443, "builtin:speech/train@piper+festival": 4989,
+              "builtin:speech/train_extra": 11276, "builtin:speech/train@espeak+festival": 5000,
+              "builtin:speech/train@festival": 2600, "builtin:speech/train@espeak+piper": 5800,
+              "builtin:speech/train@piper": 2389}  # fmt: skip
+    assert module.blend(None, counts.__getitem__) == expected
+    assert module.blend("piper", counts.__getitem__) == [
+        {"manifest_filepath": "builtin:speech/train@espeak+festival", "weight": 5000},
+        {"manifest_filepath": "builtin:speech/train@festival", "weight": 7800, "repeat": 3},
+        {"manifest_filepath": "builtin:speech/train_extra", "weight": 11276}]  # fmt: skip
+    assert [s["manifest_filepath"] for s in module.blend("espeak", counts.__getitem__)] == [
+        "builtin:speech/train@piper+festival", "builtin:speech/train@piper+festival"]  # fmt: skip
+    overrides = module.hydra_list(module.blend("festival", counts.__getitem__))
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    (parsed,) = OverridesParser.create().parse_overrides([f"model.train_ds.input_cfg={overrides}"])
+    assert parsed.value() == module.blend("festival", counts.__getitem__)
+    figures = module.figures("no_piper", {"val_wer": 0.1, "val_wer_test": 0.2, "val_wer_heldout_engine": 0.4},
+                             {"test": {"piper": [0.5, 144], "festival / festival:kal": [0.3, 55]}})  # fmt: skip
+    assert figures == {"leave_one_out.no_piper.greedy_wer.test": 20.0,
+                       "leave_one_out.no_piper.greedy_wer.heldout_engine": 40.0,
+                       "leave_one_out.no_piper.greedy_wer.test.piper": 50.0}  # fmt: skip
+
+
+def _load(name):
+    if str(BENCHMARKS) not in sys.path:
+        sys.path.insert(0, str(BENCHMARKS))
+    spec = importlib.util.spec_from_file_location(f"benchmark_{name}", BENCHMARKS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

@@ -293,6 +293,10 @@ def fit_and_report(trainer: Any, model: CTCModel, log_dir: Any, start: float) ->
                 # The closing metrics for tools (benchmarks/results.py from-run records make demo's WERs from them).
                 closing_metrics = {k: float(v) for k, v in sorted(metrics.items())}
                 (Path(log_dir) / "final_metrics.json").write_text(json.dumps(closing_metrics, indent=1) + "\n")
+                # The per-engine (and per-voice) greedy WERs: {set: {group: [WER, utterances]}}, for tools
+                # (benchmarks/leave_one_out.py reads the left-out engine's WER from it).
+                if breakdowns:
+                    (Path(log_dir) / "greedy_breakdown.json").write_text(json.dumps(breakdowns, indent=1) + "\n")
 
 
 def _rewrite_archive(trainer: Any, model: Any) -> None:

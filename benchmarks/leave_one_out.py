@@ -1,0 +1,138 @@
+"""Leave one engine family out of the demo's training and measure greedy WER on it: the nearest proxy for voices
+(and people) a model never heard.
+
+    python benchmarks/leave_one_out.py --steps 1000                       # all engines, then piper out, festival out
+    python benchmarks/leave_one_out.py --steps 1000 --left-out piper      # only the Piper run (and the baseline)
+
+Each run trains the `make demo` recipe (``examples/asr_train.py --config-name asr_train_hybrid``, 2 processes, 30 s
+of audio per process per step) for the same number of optimizer steps (not the same wall time: the machine is
+shared, and at equal steps a run's accuracy does not depend on its load; the learning rate decays over them), with
+the recipe's training blend less every utterance of the left-out engine (the blend's other sources and their
+weights as the recipe has them, each weight = its utterances x repeats). Flite is out of every run (the corpus
+holds it out: ``heldout_engine``). The closing validation decodes greedy only; its per-engine table
+(``greedy_breakdown.json`` in the run folder) gives the left-out engine's WER on ``test`` (sentences no training
+split reads), beside the same engine's WER when it was trained on (the baseline run, ``--left-out`` none).
+
+Records (results/leave_one_out.jsonl): ``leave_one_out.<run>.greedy_wer.<set>.<engine>`` (``<run>``: ``all`` or
+``no_<engine>``), and ``...greedy_wer.<set>`` for each whole set.
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from results import append  # noqa: E402
+
+ENGINES = ("espeak", "piper", "festival")
+# The demo recipe's training blend (examples/conf/asr_train_hybrid.yaml; a test holds them equal): (split, the
+# engines it reads, repeat, whether the recipe names them after '@').
+RECIPE_BLEND = (("builtin:speech/train", ENGINES, 1, False), ("builtin:speech/train", ("piper", "festival"), 3, True),
+                ("builtin:speech/train_extra", ("espeak",), 1, False))  # fmt: skip
+
+
+def blend(left_out: str | None, count) -> list[dict]:
+    """The recipe's ``input_cfg`` less the engine ``left_out`` (None: the recipe's own blend, restated):
+    ``count(source)`` gives a source's utterances; a source left with no engine is dropped."""
+    sources = []
+    for split, engines, repeat, named in RECIPE_BLEND:
+        kept = [e for e in engines if e != left_out]
+        if not kept:
+            continue
+        name = f"{split}@{'+'.join(kept)}" if named or left_out in engines else split
+        source = {"manifest_filepath": name, "weight": count(name) * repeat}
+        if repeat > 1:
+            source["repeat"] = repeat
+        sources.append(source)
+    return sources
+
+
+def count_utterances(name: str) -> int:
+    from speechtrain.corpora.builtin import resolve_manifest
+
+    with open(resolve_manifest(name), encoding="utf-8") as rows:
+        return sum(1 for line in rows if line.strip())
+
+
+def hydra_list(sources: list[dict]) -> str:
+    """An ``input_cfg`` as a Hydra override value (strings quoted: they hold ':' and '@')."""
+    items = []
+    for s in sources:
+        fields = [f'manifest_filepath: "{s["manifest_filepath"]}"', f"weight: {s['weight']}"]
+        if "repeat" in s:
+            fields.append(f"repeat: {s['repeat']}")
+        items.append("{" + ", ".join(fields) + "}")
+    return "[" + ", ".join(items) + "]"
+
+
+def train(left_out: str | None, steps: int, folder: Path) -> tuple[dict, dict, float]:
+    """One run: (closing metrics, per-engine breakdown, wall seconds)."""
+    run = "all" if left_out is None else f"no_{left_out}"
+    command = [sys.executable, str(ROOT / "examples" / "asr_train.py"), "--config-name", "asr_train_hybrid",
+               f"name=loo_{run}", f"exp_manager.exp_dir={folder}", "trainer.devices=2",
+               "model.train_ds.batch_duration=30", f"trainer.max_steps={steps}", "trainer.max_time=null",
+               f"trainer.val_check_interval={steps}", "trainer.check_val_every_n_epoch=null",
+               "model.decoding.strategy=greedy",
+               f"model.train_ds.input_cfg={hydra_list(blend(left_out, count_utterances))}"]  # fmt: skip
+    env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "PYTHONPATH": str(ROOT)}
+    start = time.perf_counter()
+    print("+", " ".join(command), flush=True)
+    subprocess.run(command, env=env, check=True)
+    wall = time.perf_counter() - start
+    (metrics_path,) = (folder / f"loo_{run}").rglob("final_metrics.json")
+    breakdown = json.loads((metrics_path.parent / "greedy_breakdown.json").read_text(encoding="utf-8"))
+    return json.loads(metrics_path.read_text(encoding="utf-8")), breakdown, wall
+
+
+def figures(run: str, metrics: dict, breakdown: dict) -> dict[str, float]:
+    """``{figure id: WER %}`` of one run: each set's greedy WER and each set's per-engine greedy WER."""
+    out = {}
+    for key, value in metrics.items():
+        if key.startswith("val_wer_") and not key.startswith("val_wer_greedy"):
+            out[f"leave_one_out.{run}.greedy_wer.{key[len('val_wer_') :]}"] = round(100.0 * value, 2)
+    for set_name, groups in breakdown.items():
+        for group, (wer, _) in groups.items():
+            if " / " not in group:  # engines only; voices stay in the run's report
+                out[f"leave_one_out.{run}.greedy_wer.{set_name}.{group}"] = round(100.0 * wer, 2)
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=int, required=True, help="optimizer steps of every run")
+    parser.add_argument("--left-out", nargs="+", default=["piper", "festival"], choices=ENGINES,
+                        help="engines left out, one run each (after the baseline run with every engine)")  # fmt: skip
+    parser.add_argument("--no-baseline", action="store_true", help="skip the run with every engine")
+    parser.add_argument("--no-record", action="store_true")
+    args = parser.parse_args(argv)
+    runs = ([] if args.no_baseline else [None]) + list(args.left_out)
+    command = f"python benchmarks/leave_one_out.py --steps {args.steps}"
+    rows = []
+    with tempfile.TemporaryDirectory() as folder:
+        for left_out in runs:
+            run = "all" if left_out is None else f"no_{left_out}"
+            metrics, breakdown, wall = train(left_out, args.steps, Path(folder))
+            found = figures(run, metrics, breakdown)
+            rows.append((run, found, wall))
+            if not args.no_record:
+                note = f"{args.steps} steps, greedy, 2 processes; {wall:.0f} s wall on a shared machine"
+                for figure, value in found.items():
+                    append(figure, value, "%", command, note)
+    print("\n| run | test | heldout_engine (flite) | test, per engine |\n|---|---|---|---|")
+    for run, found, _ in rows:
+        per_engine = ", ".join(
+            f"{e} {found[k]:.2f}%" for e in ENGINES if (k := f"leave_one_out.{run}.greedy_wer.test.{e}") in found
+        )
+        test = found.get(f"leave_one_out.{run}.greedy_wer.test", float("nan"))
+        held = found.get(f"leave_one_out.{run}.greedy_wer.heldout_engine", float("nan"))
+        print(f"| {run} | {test:.2f}% | {held:.2f}% | {per_engine} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
