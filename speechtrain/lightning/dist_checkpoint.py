@@ -24,10 +24,15 @@ Megatron has no description of modules that are not its own. The optimizer's sta
 tensor tied to its parameter's global tensor, so it reshards over TP and DP like the weights).
 """
 
+import ctypes
 import json
 import logging
 import os
 import pickle
+import signal
+import sys
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -174,10 +179,14 @@ def _fsync_tree(folder: Path) -> dict[str, int]:
 
 
 def save_checkpoint(checkpoint: dict[str, Any], path: str | os.PathLike, module: torch.nn.Module,
-                    optimizers: list[Any]) -> None:  # fmt: skip
+                    optimizers: list[Any], saves: "AsyncSaves | None" = None) -> None:  # fmt: skip
     """Write Lightning's ``checkpoint`` of ``module`` and ``optimizers`` at ``path`` (see module docstring); a
     collective call on all ranks. ``checkpoint['state_dict']`` and ``['optimizer_states']`` are not used: the model
     and optimizer state come from ``module`` and ``optimizers`` themselves, each rank writing its shards.
+
+    With ``saves`` (:class:`AsyncSaves`, no save of it pending) the shards are written by a process of each rank's
+    while training goes on, and the folder is completed (marker, rename) when ``saves`` finalizes it; until then
+    ``path`` holds the previous checkpoint, if any.
 
     Raises:
         CheckpointWriteError: a rank could not write its part; the previous checkpoint is kept.
@@ -197,12 +206,14 @@ def save_checkpoint(checkpoint: dict[str, Any], path: str | os.PathLike, module:
         except Exception as e:
             error = e
     files._agree(error, path)
+    request = None
     try:
         state = {"model": model_sharded_state_dict(module)}
         if optimizers:
             state["optimizer"] = optimizer_sharded_state_dict(optimizers[0], state["model"])
-        dist_checkpointing.save(state, str(tmp / WEIGHTS), sharded_strategy=_strategies(save=True),
-                                verify_integrity=True)  # fmt: skip
+        request = dist_checkpointing.save(state, str(tmp / WEIGHTS), sharded_strategy=_strategies(save=True),
+                                          verify_integrity=True, async_sharded_save=saves is not None,
+                                          async_strategy="mcore")  # fmt: skip
     except Exception as e:
         error = e if not isinstance(e, OSError) else files._write_error(e, path)
     files._agree(error, path)
@@ -213,14 +224,24 @@ def save_checkpoint(checkpoint: dict[str, Any], path: str | os.PathLike, module:
         except Exception as e:
             error = e
     files._agree(error, path)
+    distributed = bool(optimizers) and _distributed(optimizers[0])
+    if saves is None:
+        _complete(tmp, path, distributed)
+    else:
+        saves.schedule(request, lambda: _complete(tmp, path, distributed))
+
+
+def _complete(tmp: Path, path: Path, distributed_optimizer: bool) -> None:
+    """Global rank 0 marks the written folder ``tmp`` complete (sizes, fsync, marker last) and puts it at ``path``;
+    a collective call (every rank learns of a failure)."""
+    error = None
     if files._is_global_zero():
         try:
             sizes = _fsync_tree(tmp)
             metadata = {"format": FORMAT, "tensor_model_parallel_size": parallel_state.tensor_parallel_world_size(),
                         "pipeline_model_parallel_size": parallel_state.pipeline_parallel_world_size(),
                         "data_parallel_size": parallel_state.data_parallel_world_size(),
-                        "distributed_optimizer": bool(optimizers) and _distributed(optimizers[0]),
-                        "shard_bytes": sizes}  # fmt: skip
+                        "distributed_optimizer": distributed_optimizer, "shard_bytes": sizes}  # fmt: skip
             with open(tmp / files.METADATA, "w") as f:  # the complete-marker, written last
                 f.write(json.dumps(metadata))
                 f.flush()
@@ -231,6 +252,98 @@ def save_checkpoint(checkpoint: dict[str, Any], path: str | os.PathLike, module:
             written = not isinstance(e, OSError) or isinstance(e, files.CheckpointWriteError)
             error = e if written else files._write_error(e, path)
     files._agree(error, path)
+
+
+class AsyncSaves:
+    """Asynchronous saves (``trainer.strategy.async_save``) on Megatron Core's engine: ``dist_checkpointing.save``
+    returns the write as an ``AsyncRequest``, its ``AsyncCallsQueue`` runs it in a process forked from each rank
+    (the fork is the snapshot: training changes the rank's tensors, not the writer's copy) and finalizes it on every
+    rank once all writers are done: Megatron's index and hashes, then :func:`_complete` (marker, rename), then the
+    removals of older checkpoints deferred meanwhile (:meth:`after_save`). One save at a time: a save waits for the
+    pending one (:meth:`finish`).
+
+    Completion is looked at without any communication (:meth:`writing_here`: this rank's writer process still
+    running); the ranks agree on it with the other periodic host checks (``trainer.rank_agreement``), and
+    :meth:`finalize_if_written` finalizes once they agreed that every writer is done. Every call here is made by
+    every rank at the same point.
+    """
+
+    FLAG = "checkpoint_writing"
+
+    def __init__(self) -> None:
+        self.queue: Any = None
+        self.deferred: list[Callable[[], None]] = []
+
+    @property
+    def pending(self) -> bool:
+        """A save was scheduled and is not finalized yet."""
+        return self.queue is not None and self.queue.get_num_unfinalized_calls() > 0
+
+    def schedule(self, request: Any, complete: Callable[[], None]) -> None:
+        from megatron.core.dist_checkpointing.strategies.async_utils import AsyncCallsQueue
+
+        assert not self.pending, "a save must finish the pending one first"
+        if self.queue is None:
+            self.queue = AsyncCallsQueue(persistent=False)  # a process forked per save (a snapshot of its tensors)
+        if request.async_fn is not None:  # (None: nothing of the checkpoint to write on this rank)
+            request = request._replace(async_fn=partial(_dies_with_its_rank, os.getpid(), request.async_fn))
+        request.add_finalize_fn(complete)
+        request.add_finalize_fn(self._run_deferred)
+        self.queue.schedule_async_request(request)
+
+    def writing_here(self) -> bool:
+        """This rank's writer is still running (no communication: a look at its process)."""
+        if not self.pending:
+            return False
+        return not self.queue.async_calls[0].async_caller.is_current_async_call_done(blocking=False, no_dist=True)
+
+    def finalize_if_written(self, agreed_writing: bool | None) -> None:
+        """Finalize the pending save when the ranks agreed (``agreed_writing`` False: no rank's writer is running);
+        None: no agreement at this step."""
+        if self.pending and agreed_writing is False:
+            finalized = self.queue.maybe_finalize_async_calls(blocking=False, no_dist=True)
+            assert finalized, "every rank's writer was agreed done"
+
+    def finish(self) -> None:
+        """Wait for the pending save's writers on every rank and finalize it (a collective call)."""
+        if self.pending:
+            self.queue.maybe_finalize_async_calls(blocking=True)
+
+    def after_save(self, action: Callable[[], None]) -> None:
+        """Run ``action`` (the removal of an older checkpoint) once the pending save is complete, or now."""
+        if self.pending:
+            self.deferred.append(action)
+        else:
+            action()
+
+    def abort(self) -> None:
+        """Stop the pending save's writer of this rank without finalizing (the run failed: its folder stays an
+        incomplete ``.partial``, the previous checkpoint in place); deferred removals are dropped."""
+        if self.pending:
+            for call in self.queue.async_calls:
+                call.async_caller.close(abort=True)
+            self.queue = None
+        self.deferred = []
+
+    def _run_deferred(self) -> None:
+        actions, self.deferred = self.deferred, []
+        for action in actions:
+            action()
+
+
+def _dies_with_its_rank(rank_pid: int, write: Callable[..., None], *args: Any, **kwargs: Any) -> None:
+    """The writer process of an asynchronous save (forked from the rank ``rank_pid``) ends with the rank: a rank
+    killed with SIGKILL leaves no writer behind, still filling a folder that the restarted run removes and holding
+    the job's output open (Linux; elsewhere the writer finishes its shards and exits)."""
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() != rank_pid:  # the rank died before the request above took effect
+            os._exit(1)
+    write(*args, **kwargs)
+
+
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
 def _run_name(tp_rank: int | None = None, pp_rank: int | None = None) -> str:

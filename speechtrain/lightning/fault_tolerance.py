@@ -70,9 +70,14 @@ def save_resume_checkpoint(trainer: pl.Trainer, fallback_name: str) -> Path:
         path = Path(callback.format_checkpoint_name({}, callback.CHECKPOINT_NAME_LAST))
         if callback._last_global_step_saved != trainer.global_step or not path.exists():
             callback._save_last_checkpoint(trainer, callback._monitor_candidates(trainer))
-        return Path(callback.last_model_path or path)
-    path = Path(trainer.default_root_dir) / fallback_name
-    trainer.save_checkpoint(path)
+        path = Path(callback.last_model_path or path)
+    else:
+        path = Path(trainer.default_root_dir) / fallback_name
+        trainer.save_checkpoint(path)
+    # An asynchronous save (MegatronStrategy's async_save) is complete only once finalized: the restart needs it.
+    wait = getattr(trainer.strategy, "wait_for_checkpoint", None)
+    if wait is not None:
+        wait()
     return path
 
 

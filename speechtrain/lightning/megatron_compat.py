@@ -29,6 +29,9 @@ CPU); those warnings are silenced here, since the fallbacks they announce are th
 
 import contextlib
 import importlib
+import os
+import pickle
+import queue
 import sys
 import types
 import warnings
@@ -223,7 +226,7 @@ def import_megatron() -> types.ModuleType:
         import megatron.core  # noqa: F401
 
         _tolerate_foreign_decoders()
-        _in_process_write_results()
+        _write_results_beside_the_shards()
         _torch_optimizer_step_state()
         _state["swaps"] = _cpu_swaps()
         _fused_fallback_kernels()
@@ -261,16 +264,53 @@ def _predicted_logits(
     return target_mask, masked_target_1d, predicted, exp_logits.sum(dim=-1), exp_logits
 
 
-def _in_process_write_results() -> None:
-    """Megatron's checkpoint writer hands its results back through a queue served by a ``multiprocessing`` manager
-    process, spawned at the first save and left running: a rank killed with SIGKILL (preemption, a crash) leaves it
-    orphaned and spinning, holding the job's output open. speechtrain saves synchronously (the writer's threads run
-    in the rank's own process), so a thread-safe in-process queue serves (on every device; Megatron's asynchronous,
-    process-based save would need the manager's)."""
-    import queue
+class _WriteResults:
+    """The queue through which Megatron's checkpoint writer hands its results (the list of what it wrote, or the
+    exception it met) back to the rank: ``put`` by the writer, ``get_nowait`` by the rank once the writer is done.
+    A synchronous save writes in the rank's own process: the results stay in memory. An asynchronous save writes in
+    a process forked from the rank: the results come back in a file beside the shards, which the rank reads once
+    and removes (before the folder's hashes are taken). Megatron's own queue is served by a ``multiprocessing``
+    manager process, spawned at the first save and left running: a rank killed with SIGKILL (preemption, a crash)
+    leaves it orphaned and spinning, holding the job's output open."""
 
+    def __init__(self, path: str) -> None:
+        self.path, self.pid = path, os.getpid()
+        self.local: queue.Queue = queue.Queue()
+
+    def put(self, results: Any) -> None:
+        if os.getpid() == self.pid:
+            self.local.put(results)
+            return
+        tmp = f"{self.path}.tmp"
+        with open(tmp, "wb") as f:
+            pickle.dump(results, f)
+        os.replace(tmp, self.path)  # whole or absent: the rank never reads a half-written file
+
+    def get_nowait(self) -> Any:
+        with contextlib.suppress(queue.Empty):
+            return self.local.get_nowait()
+        try:
+            with open(self.path, "rb") as f:
+                data = f.read()
+        except FileNotFoundError:
+            raise queue.Empty from None
+        os.unlink(self.path)
+        return pickle.loads(data)  # written during this save by this rank's own writer process
+
+
+def _write_results_beside_the_shards() -> None:
+    """Megatron's writer gets a :class:`_WriteResults` per save instead of its manager-served queue (every device)."""
     writer = importlib.import_module("megatron.core.dist_checkpointing.strategies.filesystem_async")
-    writer.get_write_results_queue = lambda mp_mode="spawn": queue.Queue()
+    writer.get_write_results_queue = lambda mp_mode="spawn": None  # (no manager: the writer's queue is set below)
+    original = writer.FileSystemWriterAsync.prepare_write_data
+
+    def prepare_write_data(self: Any, plan: Any, planner: Any) -> None:
+        original(self, plan, planner)
+        if self.write_buckets:  # (None when this rank writes nothing, as in Megatron)
+            rank = torch.distributed.get_rank()
+            self.results_queue = _WriteResults(os.path.join(self.checkpoint_dir, f".write_results_rank{rank}"))
+
+    writer.FileSystemWriterAsync.prepare_write_data = prepare_write_data
 
 
 def _tolerate_foreign_decoders() -> None:

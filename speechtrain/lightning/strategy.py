@@ -12,12 +12,13 @@ from unittest import mock
 
 import torch
 from lightning.pytorch.strategies import DDPStrategy
-from lightning.pytorch.trainer.states import TrainerFn
+from lightning.pytorch.trainer.states import TrainerFn, TrainerStatus
 from torch.distributed.utils import _sync_module_states
 
 from speechtrain.lightning import checkpoint as sharded
 from speechtrain.lightning import dist_checkpoint, parallel_state
 from speechtrain.lightning.fault_tolerance import NonFiniteGuard
+from speechtrain.lightning.limits import rank_agreement
 from speechtrain.lightning.megatron_compat import model_parallel_manual_seed, use_device
 from speechtrain.lightning.megatron_parallel import MegatronParallel
 from speechtrain.lightning.optimizer import MegatronOptimizer
@@ -57,6 +58,11 @@ class MegatronStrategy(DDPStrategy):
             (:mod:`~speechtrain.lightning.checkpoint`). ``torch_dist``: Megatron Core's ``dist_checkpointing``
             (every rank writes its own shards of the model and optimizer; resumed under any TP x DP layout,
             :mod:`~speechtrain.lightning.dist_checkpoint`). Either format reads checkpoints of both.
+        async_save: ``torch_dist`` only: the checkpoints of ``fit`` are written by a process forked from each rank
+            while training goes on (Megatron's asynchronous save); the folder is completed, and older checkpoints
+            removed, once every rank's write is done (looked at with the periodic rank agreement), and the next
+            save, the end of ``fit`` and a preemption wait for it. Until then the previous checkpoint is the one in
+            place, so a kill during the write resumes from it.
         **kwargs: ``DDPStrategy`` arguments (``process_group_backend``, ``timeout``, ...).
     """
 
@@ -77,6 +83,7 @@ class MegatronStrategy(DDPStrategy):
         fp16_loss_scale_window: int = 1000,
         fp16_hysteresis: int = 2,
         checkpoint_format: str = "torch",
+        async_save: bool = False,
         **kwargs: Any,
     ) -> None:
         # The arguments as passed (the trainer's config stores them), DDPStrategy's only where they are plain data.
@@ -102,12 +109,20 @@ class MegatronStrategy(DDPStrategy):
             raise ValueError(
                 f"MegatronStrategy: checkpoint_format must be 'torch' or 'torch_dist', got {checkpoint_format!r}."
             )
+        if async_save and checkpoint_format != "torch_dist":
+            raise ValueError(
+                "MegatronStrategy: async_save=true needs checkpoint_format='torch_dist' (Megatron's asynchronous "
+                f"save), got checkpoint_format={checkpoint_format!r}. Set trainer.strategy.checkpoint_format="
+                "torch_dist, or async_save=false."
+            )
         super().__init__(**kwargs)
         vars(self).update(self.init_args)  # self.tensor_model_parallel_size, ... (no Strategy attribute is so named)
         self.init_args |= {k: v for k, v in kwargs.items() if isinstance(v, bool | int | float | str) or v is None}
         self.nonfinite_guard = NonFiniteGuard(max_consecutive_nonfinite_steps)
         self.megatron_parallel: MegatronParallel | None = None
         self._window_open = False  # an accumulation window has started and not yet stepped
+        self._async_saves = dist_checkpoint.AsyncSaves() if async_save else None
+        self._saved_at_step = -1  # the step of the pending asynchronous save
 
     @property
     def loss_scaling(self) -> dict[str, float]:
@@ -302,11 +317,53 @@ class MegatronStrategy(DDPStrategy):
     def save_checkpoint(self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any = None) -> None:
         """``torch``: one shard per model-parallel rank, written atomically (see
         :mod:`speechtrain.lightning.checkpoint`); ``torch_dist``: Megatron's distributed checkpoint
-        (:mod:`speechtrain.lightning.dist_checkpoint`)."""
-        if self.checkpoint_format == "torch_dist":
-            dist_checkpoint.save_checkpoint(checkpoint, filepath, self.lightning_module, self.optimizers)
-        else:
+        (:mod:`speechtrain.lightning.dist_checkpoint`), asynchronously under ``async_save`` while ``fit`` runs (a
+        save outside it, with no end of ``fit`` to wait for it, is written at once)."""
+        if self.checkpoint_format != "torch_dist":
             sharded.save_checkpoint(checkpoint, filepath)
+            return
+        self.wait_for_checkpoint()
+        trainer = self.lightning_module.trainer
+        fitting = trainer.state.fn == TrainerFn.FITTING and trainer.state.status == TrainerStatus.RUNNING
+        saves = self._async_saves if fitting else None
+        dist_checkpoint.save_checkpoint(checkpoint, filepath, self.lightning_module, self.optimizers, saves)
+        self._saved_at_step = trainer.global_step
+
+    def wait_for_checkpoint(self) -> None:
+        """Finish the pending asynchronous save, if any: its writers done on every rank, its folder complete (a
+        collective call)."""
+        if self._async_saves is not None:
+            self._async_saves.finish()
+
+    def on_train_start(self) -> None:
+        super().on_train_start()
+        if self._async_saves is not None:  # (every rank registers it: the agreement reduces the same flags)
+            saves = self._async_saves
+            rank_agreement(self.lightning_module.trainer).register(saves.FLAG, saves.writing_here)
+
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        """A pending asynchronous save is finalized at the first rank agreement after it (every ``every`` steps,
+        host flags over a gloo group) that finds every rank's writer done: no collective or host synchronisation of
+        its own in the step."""
+        super().on_train_batch_start(batch, batch_idx)
+        saves = self._async_saves
+        if saves is not None and saves.pending:
+            trainer = self.lightning_module.trainer
+            agreement = rank_agreement(trainer)
+            agreed = agreement.at_step_end(trainer)  # (the one of the last step's end; its own on another cadence)
+            if agreement.step is not None and agreement.step > self._saved_at_step:  # (one made after the save)
+                saves.finalize_if_written(agreed.get(saves.FLAG))
+
+    def on_train_end(self) -> None:
+        self.wait_for_checkpoint()
+        super().on_train_end()
+
+    def on_exception(self, exception: BaseException) -> None:
+        """A failed run leaves a pending asynchronous save unfinished (the other ranks may be gone): its writer is
+        stopped, and the previous checkpoint stays the one in place."""
+        if self._async_saves is not None:
+            self._async_saves.abort()
+        super().on_exception(exception)
 
     def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:
         """Either format, whichever ``checkpoint_format`` this run writes."""
@@ -321,11 +378,18 @@ class MegatronStrategy(DDPStrategy):
             super().load_optimizer_state_dict(checkpoint)
 
     def remove_checkpoint(self, filepath: Any) -> None:
-        sharded.remove_checkpoint(filepath)
+        """Removes ``filepath`` (an older checkpoint ``ModelCheckpoint`` rotates out) once the pending asynchronous
+        save is complete: until then it may be the only complete checkpoint."""
+        if self._async_saves is not None:
+            self._async_saves.after_save(lambda: sharded.remove_checkpoint(filepath))
+        else:
+            sharded.remove_checkpoint(filepath)
 
     def teardown(self) -> None:
         """Keeps the parallel state (and process group) alive, so that the sharded model can still be saved or
-        evaluated after ``fit``; :func:`speechtrain.lightning.teardown` releases them."""
+        evaluated after ``fit``; :func:`speechtrain.lightning.teardown` releases them. A pending asynchronous save
+        is finished first."""
+        self.wait_for_checkpoint()
         self._release_megatron_parallel()
         super().teardown()
 

@@ -5,6 +5,7 @@ per-step losses and its (sharded) final weights."""
 import argparse
 import os
 import signal
+import time
 from pathlib import Path
 
 import lightning.pytorch as pl
@@ -44,6 +45,21 @@ class KillAt(pl.Callback):
             os.kill(os.getpid(), signal.SIGKILL)
 
 
+def hold_write(step: int) -> None:
+    """The writer of the asynchronous save at ``step`` never finishes (it sleeps in place of writing): a kill then
+    falls while that save is in flight."""
+    from megatron.core.dist_checkpointing.strategies.filesystem_async import FileSystemWriterAsync
+
+    write = FileSystemWriterAsync.write_preloaded_data_multithread
+
+    def held(transforms, use_msc, rank, buckets, results):
+        if any(f"step={step}.ckpt" in str(bucket[0]) for bucket in buckets):
+            time.sleep(3600)
+        write(transforms, use_msc, rank, buckets, results)
+
+    FileSystemWriterAsync.write_preloaded_data_multithread = staticmethod(held)
+
+
 class SaveAtStart(pl.Callback):
     """Saves a checkpoint before the first step (of a resumed run: the state just read back)."""
 
@@ -79,6 +95,8 @@ def main() -> None:
     parser.add_argument("--distributed-optimizer", action="store_true")
     parser.add_argument("--checkpoint-format", default="torch", help="the strategy's checkpoint_format")
     parser.add_argument("--save-at-start", help="save a checkpoint here before the first step")
+    parser.add_argument("--async-save", action="store_true", help="the strategy's async_save")
+    parser.add_argument("--hold-write-at", type=int, help="the asynchronous save at this step is never written")
     args = parser.parse_args()
 
     torch.set_num_threads(1)
@@ -92,8 +110,14 @@ def main() -> None:
             micro_batch_size=args.micro_batch_size,
             use_distributed_optimizer=args.distributed_optimizer,
             checkpoint_format=args.checkpoint_format,
+            async_save=args.async_save,
         )
     )
+    if args.hold_write_at:
+        from speechtrain.lightning.megatron_compat import import_megatron
+
+        import_megatron()
+        hold_write(args.hold_write_at)
     recorder = RecordLosses()
     callbacks = [recorder]
     if args.ckpt_dir:

@@ -13,6 +13,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import lightning.pytorch as pl
@@ -37,14 +38,23 @@ class _Losses(pl.Callback):
         self.losses.append(float(outputs["loss"]))
 
 
-def _fit(tmp_path: Path, steps: int, resume: Path | None = None, save_every: int = 0) -> tuple:
+def _fit(
+    tmp_path: Path,
+    steps: int,
+    resume: Path | None = None,
+    save_every: int = 0,
+    async_save: bool = False,
+    top_k: int = -1,
+) -> tuple:
     pl.seed_everything(0, verbose=False)
     losses = _Losses()
     callbacks: list = [losses]
     if save_every:
         callbacks.append(ModelCheckpoint(dirpath=tmp_path / "ckpt", filename="{step}", every_n_train_steps=save_every,
-                                         save_top_k=-1))  # fmt: skip
-    trainer = Trainer(accelerator="cpu", devices=1, strategy=MegatronStrategy(checkpoint_format="torch_dist"),
+                                         save_top_k=top_k, monitor="step" if top_k > 0 else None,
+                                         mode="max"))  # fmt: skip
+    strategy = MegatronStrategy(checkpoint_format="torch_dist", async_save=async_save)
+    trainer = Trainer(accelerator="cpu", devices=1, strategy=strategy,
                       max_steps=steps, gradient_clip_val=0.05, logger=False, enable_checkpointing=bool(save_every),
                       enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0, callbacks=callbacks,
                       default_root_dir=tmp_path)  # fmt: skip
@@ -106,6 +116,76 @@ def test_a_run_resumed_from_a_dist_checkpoint_equals_an_uninterrupted_one_and_da
     (saved / files.METADATA).write_text(json.dumps(marker))
     with pytest.raises(files.CorruptCheckpointError, match="posix.system is not allowed|os.system is not allowed"):
         dist_checkpoint.verify(saved)
+
+
+def test_async_save_is_refused_without_the_torch_dist_format():
+    with pytest.raises(ValueError, match="async_save=true needs checkpoint_format='torch_dist'.*got.*'torch'"):
+        MegatronStrategy(async_save=True)
+
+
+def test_a_run_resumed_from_an_async_dist_checkpoint_equals_an_uninterrupted_one(tmp_path):
+    """``async_save``: a run saving every 2 of 6 steps, and one resumed from its step-2 checkpoint that keeps only
+    its newest (top 1 by step: step 4 is removed once step 6 is complete; the end of ``fit`` finalizes step 6):
+    the same losses and bit-identical weights."""
+    straight, weights = _fit(tmp_path / "straight", 6, save_every=2, async_save=True)
+    saved = tmp_path / "straight" / "ckpt"
+    assert sorted(p.name for p in saved.iterdir()) == ["step=2.ckpt", "step=4.ckpt", "step=6.ckpt"]
+    resumed, resumed_weights = _fit(tmp_path / "resumed", 6, resume=saved / "step=2.ckpt", save_every=2,
+                                    async_save=True, top_k=1)  # fmt: skip
+    assert resumed == straight[2:]
+    for name, tensor in weights.items():
+        torch.testing.assert_close(resumed_weights[name], tensor, rtol=0, atol=0, msg=name)
+    folder = tmp_path / "resumed" / "ckpt"
+    assert sorted(p.name for p in folder.iterdir()) == ["step=6.ckpt"]
+    dist_checkpoint.verify(folder / "step=6.ckpt")
+    assert not list((folder / "step=6.ckpt").rglob(".write_results*"))  # read back and removed before the hashes
+
+
+def test_an_async_save_in_flight_leaves_the_previous_checkpoint_in_place(_one_process, tmp_path, monkeypatch):
+    """While the writer of an asynchronous save runs (held here until a gate file appears), ``path`` holds the
+    previous complete checkpoint and the new one is an unmarked ``.partial``; a removal asked for meanwhile waits.
+    The checkpoint holds the weights as they were at the save, though training changed them during the write."""
+    from megatron.core.dist_checkpointing.strategies.filesystem_async import FileSystemWriterAsync
+
+    module = torch.nn.Linear(3, 2)
+    path, gate = tmp_path / "last.ckpt", tmp_path / "gate"
+    dist_checkpoint.save_checkpoint({"global_step": 1}, path, module, [])
+    first = module.weight.detach().clone()
+    write = FileSystemWriterAsync.write_preloaded_data_multithread
+
+    def held(*args, **kwargs):
+        while not gate.exists():
+            time.sleep(0.01)
+        write(*args, **kwargs)
+
+    monkeypatch.setattr(FileSystemWriterAsync, "write_preloaded_data_multithread", staticmethod(held))
+    saves = dist_checkpoint.AsyncSaves()
+    with torch.no_grad():
+        module.weight.add_(1.0)
+    second = module.weight.detach().clone()
+    dist_checkpoint.save_checkpoint({"global_step": 2}, path, module, [], saves)
+    with torch.no_grad():
+        module.weight.add_(1.0)  # the next step, while the write runs
+    removed = []
+    saves.after_save(lambda: removed.append("older"))
+    assert saves.pending and saves.writing_here() and removed == []
+    partial = path.with_name(path.name + files.PARTIAL)
+    assert partial.is_dir() and not (partial / files.METADATA).exists()
+    assert files.checkpoint_candidates(path) == [path]
+    dist_checkpoint.verify(path)
+    assert dist_checkpoint.load_checkpoint(path, torch.nn.Linear(3, 2))["global_step"] == 1
+
+    gate.touch()
+    deadline = time.monotonic() + 60
+    while saves.writing_here() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    saves.finalize_if_written(False)  # (what the ranks' agreement says once every writer is done)
+    assert not saves.pending and removed == ["older"] and not partial.exists()
+    dist_checkpoint.verify(path)
+    loaded = dist_checkpoint.load_checkpoint(path, torch.nn.Linear(3, 2))
+    assert loaded["global_step"] == 2
+    torch.testing.assert_close(loaded["state_dict"]["weight"], second, rtol=0, atol=0)
+    assert not torch.equal(second, first)
 
 
 class _Payload:
@@ -274,3 +354,36 @@ def test_tp2_run_killed_and_resumed_from_a_dist_checkpoint_equals_uninterrupted_
     assert losses == full_losses[4:]
     for name, tensor in weights.items():
         torch.testing.assert_close(tensor, full_weights[name], rtol=0, atol=0, msg=name)
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_a_kill_while_an_async_save_is_written_resumes_from_the_previous_one_as_an_uninterrupted_run(tmp_path):
+    """2 gloo ranks, ``async_save``, a checkpoint every 2 steps; the write of step 4 never ends, training goes on, and
+    every rank is killed after step 5 (SIGKILL, the writers die with their ranks): step 4 is an unmarked
+    ``.partial``, step 2 is complete. The run resumed from step 2 (saving asynchronously too) ends as the
+    uninterrupted run: the same losses and bit-identical weights."""
+    common = ["--global-batch", "32", "--steps", "6", "--checkpoint-format", "torch_dist", "--async-save"]
+    straight = run_job(tmp_path / "straight", 2, *common)
+    ckpt = tmp_path / "ckpt"
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={_free_port()}",
+        str(JOB), "--devices", "2", *common, "--ckpt-dir", str(ckpt), "--save-every", "2", "--hold-write-at", "4",
+        "--kill-at", "5", "--out", str(tmp_path / "killed"),
+    ]  # fmt: skip
+    killed = subprocess.run(command, env=_env(), capture_output=True, text=True, timeout=240, check=False)
+    assert killed.returncode != 0 and not (tmp_path / "killed").exists(), "the job should have been killed"
+    partial = ckpt / f"step=4.ckpt{files.PARTIAL}"
+    assert partial.is_dir() and not (partial / files.METADATA).exists()
+    assert files.checkpoint_candidates(ckpt / "step=4.ckpt") == []
+    dist_checkpoint.verify(ckpt / "step=2.ckpt")
+    assert files.clean_leftovers(ckpt) == [partial]
+    resumed = run_job(tmp_path / "resumed", 2, *common, "--resume", str(ckpt / "step=2.ckpt"),
+                      "--ckpt-dir", str(tmp_path / "again"), "--save-every", "2")  # fmt: skip
+    full_losses, full_weights = assemble(straight)
+    losses, weights = assemble(resumed)
+    assert losses == full_losses[2:]
+    for name, tensor in weights.items():
+        torch.testing.assert_close(tensor, full_weights[name], rtol=0, atol=0, msg=name)
+    for step in (4, 6):
+        dist_checkpoint.verify(tmp_path / "again" / f"step={step}.ckpt")
