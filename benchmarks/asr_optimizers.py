@@ -32,31 +32,58 @@ DEMO_SHAPES = ([(144, 144)] * 5 + [(576, 144), (144, 576)] * 2 + [(288, 144), (1
     (144, 144), (144, 144), (256, 144), (256, 256)]  # fmt: skip
 
 
-def cost(repeats: int = 20) -> None:
+def cost(repeats: int = 20, rounds: int = 5) -> None:
+    """Prints the update's milliseconds per step: one process, then each of 2 gloo data-parallel ranks."""
+    print(f"\n| update of {len(DEMO_SHAPES)} matrices, one thread per process | 1 process, ms | 2 ranks, ms |")
+    print("|---|---|---|")
+    alone = _time_updates(None, repeats, rounds)
+    with tempfile.TemporaryDirectory() as folder:
+        torch.multiprocessing.spawn(_rank, args=(folder, repeats, rounds), nprocs=2)
+        ranks = json.loads((Path(folder) / "times.json").read_text())
+    for name in alone:
+        print(f"| {name} | {alone[name]:.1f} | {ranks[name]:.1f} |", flush=True)
+
+
+def _rank(rank: int, folder: str, repeats: int, rounds: int) -> None:
+    torch.distributed.init_process_group("gloo", init_method=f"file://{folder}/store", rank=rank, world_size=2)
+    times = _time_updates(torch.distributed.group.WORLD, repeats, rounds)
+    if rank == 0:
+        (Path(folder) / "times.json").write_text(json.dumps(times))
+    torch.distributed.destroy_process_group()
+
+
+def _time_updates(group: object, repeats: int, rounds: int) -> dict[str, float]:
+    """Median over ``rounds`` of the mean ms of ``repeats`` updates, the optimizers taking turns (so that a load
+    from other jobs falls on all of them). With ``group`` (2 ranks holding the same gradients, as after the
+    data-parallel reduction), GroupedMuon shares the iterations over the ranks and Megatron's Muon, which shares
+    them only under its layer-wise distributed optimizer (bf16 weights only), runs them all on every rank."""
+    from megatron.core.optimizer.emerging_optimizers import TensorParallelMuon
+
     from speechtrain.lightning.muon import GroupedMuon
 
-    threads = torch.get_num_threads()
     torch.set_num_threads(1)
-    try:
-        _time_updates(GroupedMuon, repeats)
-    finally:
-        torch.set_num_threads(threads)
-
-
-def _time_updates(grouped: type, repeats: int) -> None:
-    print(f"\n| update of {len(DEMO_SHAPES)} matrices, one thread | ms per step |\n|---|---|")
-    for name, build in (("torch.optim.Muon", lambda ps: torch.optim.Muon(ps, adjust_lr_fn="match_rms_adamw")),
-                        ("GroupedMuon", lambda ps: grouped(ps))):  # fmt: skip
+    megatron = {"nesterov": True, "coefficient_type": "simple", "extra_scale_factor": 0.2}
+    builds = {"torch.optim.Muon": lambda ps: torch.optim.Muon(ps, adjust_lr_fn="match_rms_adamw"),
+              "GroupedMuon": lambda ps: GroupedMuon(ps, group=group),
+              "Megatron's Muon (TensorParallelMuon)": lambda ps: TensorParallelMuon(ps, **megatron)}  # fmt: skip
+    optimizers = {}
+    for name, build in builds.items():
         params = [torch.nn.Parameter(torch.randn(shape)) for shape in DEMO_SHAPES]
         for p in params:
             p.grad = torch.randn_like(p)
-        optimizer = build(params)
+        optimizers[name] = build(params)
         for _ in range(3):
-            optimizer.step()
-        start = time.perf_counter()
-        for _ in range(repeats):
-            optimizer.step()
-        print(f"| {name} | {(time.perf_counter() - start) / repeats * 1e3:.1f} |", flush=True)
+            optimizers[name].step()
+    times: dict[str, list[float]] = {name: [] for name in builds}
+    for _ in range(rounds):
+        for name, optimizer in optimizers.items():
+            if group is not None:
+                torch.distributed.barrier(group)
+            start = time.perf_counter()
+            for _ in range(repeats):
+                optimizer.step()
+            times[name].append((time.perf_counter() - start) / repeats * 1e3)
+    return {name: sorted(t)[len(t) // 2] for name, t in times.items()}
 
 
 def train(name: str, steps: int | None, seconds: int | None, folder: Path) -> dict:
@@ -65,8 +92,10 @@ def train(name: str, steps: int | None, seconds: int | None, folder: Path) -> di
              [f"trainer.max_time={{seconds: {seconds}}}", "trainer.check_val_every_n_epoch=1000"])  # fmt: skip
     command = [sys.executable, str(ROOT / "examples" / "asr_train.py"), "--config-name", "asr_train_hybrid",
                f"name={name}", f"exp_manager.exp_dir={folder}", "trainer.devices=2",
-               "model.train_ds.batch_duration=30", f"model.optim.name={name}", *limit]  # fmt: skip
+               "model.train_ds.batch_duration=30", f"model.optim.name={name.split('-')[0]}", *limit]  # fmt: skip
     env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "PYTHONPATH": str(ROOT)}
+    if name == "muon-megatron":
+        env["SPEECHTRAIN_MUON"] = "megatron"
     start = time.perf_counter()
     log = subprocess.run(
         command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, check=True
@@ -87,18 +116,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--names", nargs="+", default=["adamw", "muon"])
     parser.add_argument("--steps", type=int, default=None)
     parser.add_argument("--seconds", type=int, default=None)
-    parser.add_argument("--repeats", type=int, default=20, help="--cost: timed updates per optimizer")
+    parser.add_argument("--repeats", type=int, default=20, help="--cost: timed updates per optimizer and round")
+    parser.add_argument("--rounds", type=int, default=5, help="--cost: rounds, the optimizers taking turns")
     args = parser.parse_args(argv)
     if args.cost:
-        cost(args.repeats)
+        cost(args.repeats, args.rounds)
         return
     if not args.steps and not args.seconds:
         parser.error("give --steps or --seconds")
     print("\n| optimizer | steps | audio-s/s | greedy dev / test / heldout_engine | beam + LM dev / test / heldout |")
     print("|---|---|---|---|---|")
     with tempfile.TemporaryDirectory() as folder:
-        for name in args.names:
-            r = train(name, args.steps, args.seconds, Path(folder))
+        for i, name in enumerate(args.names):
+            r = train(name, args.steps, args.seconds, Path(folder) / str(i))
             greedy = " / ".join(f"{r[f'val_wer_greedy_{s}']:.2f}%" for s in ("dev", "test", "heldout_engine"))
             beam = " / ".join(f"{r[f'val_wer_{s}']:.2f}%" for s in ("dev", "test", "heldout_engine"))
             print(f"| {name} | {r['steps']} | {r['audio_s_per_s']:.1f} | {greedy} | {beam} |", flush=True)
