@@ -3,6 +3,7 @@
     python benchmarks/checkpoint_io.py                                   # demo_hybrid and fastconformer_ctc_large
     python benchmarks/checkpoint_io.py --models demo_hybrid --repeats 3  # one model
     python benchmarks/checkpoint_io.py --record                          # and append the figures to results/
+    python benchmarks/checkpoint_io.py --async --record                  # training blocked by a save: sync vs async
 
 Each run is two gloo CPU processes (``torch.distributed.run``) that build a recipe's model at its size through the
 bridge (``MegatronStrategy``, ``use_distributed_optimizer=true``, the format under test), train one optimizer step on
@@ -10,6 +11,14 @@ a tiny batch of the generated DTMF corpus (so the optimizer state exists), then 
 every rank (between barriers) ``--repeats`` times, a fresh path each time, and count the bytes the checkpoint takes on
 disk. Load: the last checkpoint read back into the live trainer (``strategy.load_checkpoint``, the model's and the
 optimizer's state; what a resume does before training), right after it was written.
+
+``--async``: how long training is held up by a ``torch_dist`` save, written synchronously and with
+``trainer.strategy.async_save=true``, side by side (the two alternate, ``--repeats`` jobs each). Each job trains
+``--steps`` steps and saves after step 2 from a callback, as ``ModelCheckpoint`` does; the time blocked is what the
+training loop spends in checkpoint calls on rank 0: the save call (sync: the whole write; async: planning, the fork
+of the writer, the run state) plus, async, the finalization (Megatron's index and SHA-256 hashes, the marker, the
+rename) at the first rank agreement after the writers are done (every 10 steps). The step after the save and a
+median step are timed too (on CPUs the writer competes with training for the cores).
 
 Models: ``demo_hybrid`` is ``examples/conf/asr_train_hybrid.yaml`` (``make demo``'s model, ``model.size=demo``) with
 AdamW in place of its Muon (Muon cannot run with the distributed optimizer); ``fastconformer_ctc_large`` is
@@ -29,6 +38,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 FORMATS = ("torch", "torch_dist")
@@ -57,23 +67,22 @@ def _disk_bytes(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
-def run_one(model_name: str, checkpoint_format: str, repeats: int, out: Path) -> None:
-    """One rank of the job (launched by ``torch.distributed.run``): build, train one step, time the saves and the
-    load; global rank 0 writes ``out/result.json``."""
+def _train(model_name: str, strategy: dict, out: Path, max_steps: int, callbacks: list) -> tuple:
+    """One rank's trainer and model of ``model_name`` under the bridge (``strategy``: its arguments beside the
+    recipe's), after ``fit`` for ``max_steps`` steps."""
     import lightning.pytorch as pl
     import torch
     from omegaconf import OmegaConf
 
     from speechtrain.asr.jobs import asr_model_class
     from speechtrain.core.hydra_runner import compose_config
-    from speechtrain.lightning import Trainer, teardown
+    from speechtrain.lightning import Trainer
 
     torch.set_num_threads(1)
     sys.path.insert(0, str(ROOT / "examples"))
     import asr_train
 
     recipe, vocab_size, extra = MODELS[model_name]
-    rank = int(os.environ.get("RANK", "0"))
     work = out / "work"
     manifest = work / "dtmf" / "manifest.json"  # made by the parent
     tokenizer = work / f"chars{vocab_size}.json"
@@ -88,17 +97,29 @@ def run_one(model_name: str, checkpoint_format: str, repeats: int, out: Path) ->
     cfg = compose_config(main.config_dir, recipe, overrides, main.schema, main.translate)
     pl.seed_everything(cfg.seed, verbose=False)
     strategy = {**OmegaConf.to_container(cfg.trainer.strategy, resolve=True), "use_distributed_optimizer": True,
-                "checkpoint_format": checkpoint_format}  # fmt: skip
+                **strategy}  # fmt: skip
     trainer = Trainer.from_job_config(
-        cfg.trainer, strategy=strategy, accelerator="cpu", devices=2, num_nodes=1, precision="32", max_steps=1,
-        max_time=None, max_epochs=None, limit_val_batches=0, num_sanity_val_steps=0, logger=False,
-        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-        default_root_dir=str(work / "root"),
+        cfg.trainer, strategy=strategy, accelerator="cpu", devices=2, num_nodes=1, precision="32",
+        max_steps=max_steps, max_time=None, max_epochs=None, limit_val_batches=0, num_sanity_val_steps=0,
+        logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+        default_root_dir=str(work / "root"), callbacks=callbacks,
     )  # fmt: skip
     model = asr_model_class(cfg.model)(cfg.model)
     trainer.fit(model)
-    if trainer.global_step != 1:
-        raise RuntimeError(f"{model_name}: {trainer.global_step} optimizer steps trained, expected 1")
+    if trainer.global_step != max_steps:
+        raise RuntimeError(f"{model_name}: {trainer.global_step} optimizer steps trained, expected {max_steps}")
+    return trainer, model
+
+
+def run_one(model_name: str, checkpoint_format: str, repeats: int, out: Path) -> None:
+    """One rank of the job (launched by ``torch.distributed.run``): build, train one step, time the saves and the
+    load; global rank 0 writes ``out/result.json``."""
+    import torch
+
+    from speechtrain.lightning import teardown
+
+    rank = int(os.environ.get("RANK", "0"))
+    trainer, model = _train(model_name, {"checkpoint_format": checkpoint_format}, out, 1, [])
     params = sum(p.numel() for p in model.parameters())
     barrier = torch.distributed.barrier
     saves, sizes, path = [], [], None
@@ -128,14 +149,76 @@ def run_one(model_name: str, checkpoint_format: str, repeats: int, out: Path) ->
     teardown(trainer, model)
 
 
+def _save_and_time(save_at: int, path: Path) -> Any:
+    """A callback that saves after step ``save_at`` (at the end of its batch, as ``ModelCheckpoint`` does) and times,
+    on this rank, every step (batch start to batch start), the save call and each finalization of an asynchronous
+    save by the strategy (``finalized``: its step and seconds)."""
+    import lightning.pytorch as pl
+
+    class SaveAndTime(pl.Callback):
+        def __init__(self) -> None:
+            self.starts: list[float] = []
+            self.save_s = 0.0
+            self.finalized: list[tuple[int, float]] = []
+
+        def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+            saves = trainer.strategy._async_saves
+            for name in ("finalize_if_written", "finish") if saves is not None else ():
+                setattr(saves, name, self._timed(trainer, saves, getattr(saves, name)))
+
+        def _timed(self, trainer: Any, saves: Any, call: Any) -> Any:
+            def timed(*args: Any) -> None:
+                pending, start = saves.pending, time.perf_counter()
+                call(*args)
+                if pending and not saves.pending:
+                    self.finalized.append((trainer.global_step, time.perf_counter() - start))
+
+            return timed
+
+        def on_train_batch_start(self, trainer: Any, *args: Any) -> None:
+            self.starts.append(time.perf_counter())
+
+        def on_train_batch_end(self, trainer: Any, *args: Any) -> None:
+            if trainer.global_step == save_at:
+                start = time.perf_counter()
+                trainer.save_checkpoint(path)
+                self.save_s = time.perf_counter() - start
+
+    return SaveAndTime()
+
+
+SAVE_AT = 2
+
+
+def run_blocked(model_name: str, async_save: bool, steps: int, out: Path) -> None:
+    """One rank of an ``--async`` job: ``steps`` steps with a ``torch_dist`` save after step :data:`SAVE_AT`
+    (asynchronous or not); global rank 0 writes ``out/result.json``."""
+    from speechtrain.lightning import teardown
+
+    timer = _save_and_time(SAVE_AT, out / "blocked.ckpt")
+    strategy = {"checkpoint_format": "torch_dist", "async_save": async_save}
+    trainer, model = _train(model_name, strategy, out, steps, [timer])
+    if int(os.environ.get("RANK", "0")) == 0:
+        step_s = [b - a for a, b in zip(timer.starts, timer.starts[1:])]  # step_s[i]: batch i and its hooks
+        finalize_s = sum(seconds for _, seconds in timer.finalized)
+        result = {"model": model_name, "async": async_save, "save_call_s": timer.save_s, "finalize_s": finalize_s,
+                  "blocked_s": timer.save_s + finalize_s, "finalized_at": [step for step, _ in timer.finalized],
+                  "step_after_save_s": step_s[SAVE_AT], "median_step_s": statistics.median(step_s[SAVE_AT + 1 :]),
+                  "params": sum(p.numel() for p in model.parameters()), "load": os.getloadavg()[0]}  # fmt: skip
+        (out / "result.json").write_text(json.dumps(result) + "\n")
+    teardown(trainer, model)
+
+
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
 
 
-def measure(model_name: str, checkpoint_format: str, repeats: int, folder: Path, timeout: int) -> dict:
-    """Run :func:`run_one` on two processes in ``folder`` (its checkpoints removed afterwards); rank 0's result."""
+def measure(model_name: str, checkpoint_format: str, repeats: int, folder: Path, timeout: int,
+            job: tuple[str, ...] = ()) -> dict:  # fmt: skip
+    """Run :func:`run_one` (``job``: ``--blocked`` arguments, :func:`run_blocked`) on two processes in ``folder``
+    (its checkpoints removed afterwards); rank 0's result."""
     from speechtrain.common.tokenizers import CharTokenizer
     from speechtrain.corpora.dtmf import make_dtmf_corpus
     from speechtrain.lightning.launch import fresh_launch_env
@@ -149,7 +232,7 @@ def measure(model_name: str, checkpoint_format: str, repeats: int, folder: Path,
     env = fresh_launch_env(OMP_WAIT_POLICY="PASSIVE", OMP_NUM_THREADS="1")
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={_free_port()}",
                __file__, "--job", model_name, "--format", checkpoint_format, "--repeats", str(repeats),
-               "--out", str(out)]  # fmt: skip
+               "--out", str(out), *job]  # fmt: skip
     try:
         done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
         if done.returncode != 0 or not (out / "result.json").exists():
@@ -183,11 +266,56 @@ def record(rows: list[dict], command: str) -> None:
         )
 
 
+def record_blocked(rows: list[dict], command: str) -> None:
+    """Append ``checkpoint.<model>.dp2.torch_dist.blocked_s`` (sync) and ``...torch_dist_async.blocked_s``: the
+    median over the jobs of each, the jobs' figures and the load of the machine in the note."""
+    for model in dict.fromkeys(r["model"] for r in rows):
+        for async_save in (False, True):
+            runs = [r for r in rows if r["model"] == model and r["async"] == async_save]
+            if not runs:
+                continue
+            jobs = "; ".join(
+                f"blocked {r['blocked_s']:.2f} s (save call {r['save_call_s']:.2f}, finalization {r['finalize_s']:.2f}"
+                f" at step {r['finalized_at']}), step after the save {r['step_after_save_s']:.2f} s, median step "
+                f"{r['median_step_s']:.2f} s, load average {r['load']:.1f}"
+                for r in runs
+            )  # fmt: skip
+            kind = "async_save=true: the save call and the finalization" if async_save else "the save call"
+            note = (f"training held up by a torch_dist save after step {SAVE_AT} ({kind}), median of {len(runs)} "
+                    f"job(s), sync and async alternating in one run: {jobs}; {NOTES.get(model, model)}; "
+                    f"{runs[0]['params']:,} parameters; DP=2 on 2 gloo CPU processes (a machine of 2 CPUs shared "
+                    "with other jobs), distributed optimizer")  # fmt: skip
+            figure = f"checkpoint.{model}.dp2.torch_dist{'_async' if async_save else ''}.blocked_s"
+            append(figure, round(statistics.median(r["blocked_s"] for r in runs), 2), "s", command, note=note)
+
+
 def append(*args, **kwargs) -> dict:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from results import append as append_record
 
     return append_record(*args, **kwargs)
+
+
+def compare_blocked(args: argparse.Namespace) -> None:
+    """``--async``: per model, ``--repeats`` jobs saving synchronously and as many with ``async_save``,
+    alternating."""
+    rows = []
+    print("| model | save | blocked s | save call s | finalization s (at step) | step after save s | median step s |")
+    print("|---|---|---|---|---|---|---|")
+    with tempfile.TemporaryDirectory() as tmp:
+        for model_name in args.models:
+            for _ in range(args.repeats):
+                for mode in ("sync", "async"):
+                    job = ("--blocked", mode, "--steps", str(args.steps))
+                    r = measure(model_name, "torch_dist", 1, Path(tmp), args.timeout, job)
+                    rows.append(r)
+                    print(f"| {model_name} | {mode} | {r['blocked_s']:.2f} | {r['save_call_s']:.2f} | "
+                          f"{r['finalize_s']:.2f} ({r['finalized_at']}) | {r['step_after_save_s']:.2f} | "
+                          f"{r['median_step_s']:.2f} |", flush=True)  # fmt: skip
+    if args.record:
+        command = (f"python benchmarks/checkpoint_io.py --async --models {' '.join(args.models)} "
+                   f"--repeats {args.repeats} --steps {args.steps}")  # fmt: skip
+        record_blocked(rows, command)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -197,12 +325,22 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeats", type=int, default=3, help="saves timed per model and format")
     parser.add_argument("--timeout", type=int, default=1800, help="seconds per model and format")
     parser.add_argument("--record", action="store_true", help="append the figures to results/checkpoint.jsonl")
+    parser.add_argument("--async", dest="blocked", action="store_true",
+                        help="time the training held up by a torch_dist save, sync vs async_save")  # fmt: skip
+    parser.add_argument("--steps", type=int, default=14, help="--async: steps per job (a save after step 2)")
     parser.add_argument("--job", choices=list(MODELS), help=argparse.SUPPRESS)  # one rank's job (internal)
     parser.add_argument("--format", choices=FORMATS, help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
+    parser.add_argument("--blocked", choices=("sync", "async"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.job and args.blocked:
+        run_blocked(args.job, args.blocked == "async", args.steps, Path(args.out))
+        return
     if args.job:
         run_one(args.job, args.format, args.repeats, Path(args.out))
+        return
+    if args.blocked:
+        compare_blocked(args)
         return
     rows = []
     print("| model | format | parameters | save s (median) | saves s | bytes on disk | load s |")

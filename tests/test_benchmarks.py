@@ -202,6 +202,34 @@ def test_checkpoint_io_times_both_formats_of_a_tiny_model_on_two_ranks(capsys):
         assert float(cells[3]) > 0 and int(cells[5].replace(",", "")) > 0 and float(cells[6]) > 0
 
 
+def test_checkpoint_io_records_the_training_held_up_by_a_sync_and_an_async_save(monkeypatch):
+    main = _main("checkpoint_io")
+    calls = []
+    monkeypatch.setitem(main.__globals__, "append", lambda *args, **kwargs: calls.append((*args, kwargs)))
+    row = {"model": "demo_hybrid", "params": 1000, "finalized_at": [], "step_after_save_s": 0.5, "median_step_s": 0.4,
+           "load": 3.0, "finalize_s": 0.0}  # fmt: skip
+    done = {"async": True, "finalized_at": [10]}
+    rows = [{**row, "async": False, "blocked_s": 2.0, "save_call_s": 2.0},
+            {**row, **done, "blocked_s": 0.6, "save_call_s": 0.5, "finalize_s": 0.1},
+            {**row, "async": False, "blocked_s": 3.0, "save_call_s": 3.0},
+            {**row, **done, "blocked_s": 0.8, "save_call_s": 0.6, "finalize_s": 0.2}]  # fmt: skip
+    main.__globals__["record_blocked"](rows, "python benchmarks/checkpoint_io.py --async")
+    assert [c[:3] for c in calls] == [
+        ("checkpoint.demo_hybrid.dp2.torch_dist.blocked_s", 2.5, "s"),
+        ("checkpoint.demo_hybrid.dp2.torch_dist_async.blocked_s", 0.7, "s"),
+    ]
+    assert "median of 2 job(s)" in calls[1][4]["note"] and "load average 3.0" in calls[1][4]["note"]
+
+
+@pytest.mark.slow
+def test_checkpoint_io_async_finalizes_a_tiny_models_save_during_training(capsys):
+    _main("checkpoint_io")(["--async", "--models", "debug", "--repeats", "1", "--steps", "12", "--timeout", "300"])
+    rows = [line.strip("| ").split(" | ") for line in capsys.readouterr().out.splitlines()
+            if line.startswith("| debug | ")]  # fmt: skip
+    assert [row[1] for row in rows] == ["sync", "async"]
+    assert rows[0][4] == "0.00 ([])" and rows[1][4].endswith("([10])")  # async: at the rank agreement of step 10
+
+
 def test_leave_one_out_restates_the_demo_blend_and_drops_only_the_left_out_engine():
     from omegaconf import OmegaConf
 
