@@ -226,31 +226,31 @@ class MaskedBatchNorm1d(torch.nn.BatchNorm1d):
     def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
         if not self.training:
             return super().forward(x)
-        valid = mask[:, None, :].to(x.dtype)  # (B, 1, T)
+        batch, channels, frames = x.shape
+        valid = mask.view(batch, 1, frames).to(x.dtype)
         count = valid.sum().clamp(min=1)
         mean = (x * valid).sum(dim=(0, 2)) / count
-        var = (((x - mean[None, :, None]) * valid) ** 2).sum(dim=(0, 2)) / count
-        if getattr(_recomputing, "active", False):  # activation recomputation: counted in the first forward
-            return self._normalize(x, mean, var)
-        with torch.no_grad():
-            unbiased = var * count / (count - 1).clamp(min=1)
-            self.running_mean.lerp_(mean.detach().to(self.running_mean.dtype), self.momentum)
-            self.running_var.lerp_(unbiased.detach().to(self.running_var.dtype), self.momentum)
-            self.num_batches_tracked += 1
-        return self._normalize(x, mean, var)
-
-    def _normalize(self, x: torch.Tensor, mean: torch.Tensor, var: torch.Tensor) -> torch.Tensor:
-        x = (x - mean[None, :, None]) / torch.sqrt(var[None, :, None] + self.eps)
-        return x * self.weight[None, :, None] + self.bias[None, :, None]
+        centered = x - mean.view(1, channels, 1)  # (shared with the normalisation: one pass and its backward fewer)
+        var = ((centered * valid) ** 2).sum(dim=(0, 2)) / count
+        if not getattr(_recomputing, "active", False):  # activation recomputation: counted in the first forward
+            with torch.no_grad():
+                unbiased = var * count / (count - 1).clamp(min=1)
+                self.running_mean.lerp_(mean.detach().to(self.running_mean.dtype), self.momentum)
+                self.running_var.lerp_(unbiased.detach().to(self.running_var.dtype), self.momentum)
+                self.num_batches_tracked += 1
+        std = torch.sqrt(var + self.eps).view(1, channels, 1)
+        return centered / std * self.weight.view(1, channels, 1) + self.bias.view(1, channels, 1)
 
 
 def _depthwise_over_time(conv: torch.nn.Conv1d, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """The depthwise ``conv`` over the frames of x (B, T, D), zeros past each utterance's end (``mask`` (B, T): True
     on valid frames), as a (k x 1) Conv2d on channels-last memory, which (B, T, D) already is: no transposed copies,
     and the channels-last depthwise kernels (much faster than Conv1d's). Returns (B, D, T')."""
-    x = (x * mask[:, :, None]).unsqueeze(2).permute(0, 3, 1, 2)  # (B, T, 1, D) -> (B, D, T, 1)
-    weight, stride, padding = conv.weight.unsqueeze(-1), (conv.stride[0], 1), (conv.padding[0], 0)
-    return backends.depthwise_conv2d(x, weight, conv.bias, stride, padding).squeeze(-1)
+    batch, frames, channels = x.shape
+    x = (x * mask.view(batch, frames, 1)).view(batch, frames, 1, channels).permute(0, 3, 1, 2)  # -> (B, D, T, 1)
+    weight, stride, padding = conv.weight.view(*conv.weight.shape, 1), (conv.stride[0], 1), (conv.padding[0], 0)
+    out = backends.depthwise_conv2d(x, weight, conv.bias, stride, padding)  # (B, D, T', 1)
+    return out.view(out.shape[:3])
 
 
 class ConvolutionModule(torch.nn.Module):
@@ -315,18 +315,28 @@ class ConformerLayer(torch.nn.Module):
         self.out_norm = torch.nn.LayerNorm(d)
         self.dropout = Dropout(cfg.dropout)
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        mask: torch.Tensor,
+        positions: torch.Tensor | None = None,
+        pad_mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """x (B, T, D), mask (B, T) True on valid frames, positions (2T-1, D) relative-position encodings (computed
-        by the attention when None) -> (B, T, D)."""
-        x = x + 0.5 * self.dropout(self.ff1(self.ff1_norm(x)))
-        x = x + self.dropout(self.attention(self.attn_norm(x), pad_mask=~mask, positions=positions))
+        by the attention when None), pad_mask ``~mask`` (computed here when None; the encoder makes it once for
+        all layers) -> (B, T, D)."""
+        x = torch.add(x, self.dropout(self.ff1(self.ff1_norm(x))), alpha=0.5)  # one operator for x + 0.5 * ff
+        pad_mask = ~mask if pad_mask is None else pad_mask
+        x = x + self.dropout(self.attention(self.attn_norm(x), pad_mask=pad_mask, positions=positions))
         x = x + self.conv(self.conv_norm(x), mask)
-        x = x + 0.5 * self.dropout(self.ff2(self.ff2_norm(x)))
+        x = torch.add(x, self.dropout(self.ff2(self.ff2_norm(x))), alpha=0.5)
         return self.out_norm(x)
 
 
-def _run_layer(layer: ConformerLayer, x: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-    return layer(x, mask, positions)
+def _run_layer(
+    layer: ConformerLayer, x: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, pad_mask: torch.Tensor
+) -> torch.Tensor:
+    return layer(x, mask, positions, pad_mask)
 
 
 _recomputing = threading.local()
@@ -456,21 +466,24 @@ class ConformerEncoder(torch.nn.Module):
         x, lengths = self.subsampling(feats, lengths)
         x = self.dropout(x * self.xscale)
         mask = frame_mask(lengths, x.shape[1])
+        pad_mask = ~mask
         positions = relative_positions(x.shape[1], x.shape[2], x.device)  # once for all layers (of a frame rate)
-        full = mask  # the output's frame mask
+        full, full_pad = mask, pad_mask  # the output's frame mask
         recompute = self.activation_checkpointing and self.training and torch.is_grad_enabled()
         for index, layer in enumerate(self.layers):
             if self.reduced and index == self.reduced.start:
                 skip, full_positions = x, positions
                 x = self.time_reduction(x, mask)
                 mask = frame_mask(_conv_out_length(lengths), x.shape[1])
+                pad_mask = ~mask
                 positions = relative_positions(x.shape[1], x.shape[2], x.device)
             if recompute:
                 x = torch.utils.checkpoint.checkpoint(
-                    self._run_layer, layer, x, mask, positions, use_reentrant=False, context_fn=_checkpoint_contexts
-                )
+                    self._run_layer, layer, x, mask, positions, pad_mask, use_reentrant=False,
+                    context_fn=_checkpoint_contexts,
+                )  # fmt: skip
             else:
-                x = self._run_layer(layer, x, mask, positions)
+                x = self._run_layer(layer, x, mask, positions, pad_mask)
             if index in capture:
                 hidden = x * mask[:, :, None]
                 if condition is not None:
@@ -482,7 +495,8 @@ class ConformerEncoder(torch.nn.Module):
             if self.reduced and index == self.reduced.stop - 1:
                 # The end of the temporal U-Net: the half-rate activation, each frame twice and projected, added to
                 # the full-rate one it started from.
-                x, mask, positions = skip + _twice(self.time_recovery(x), skip.shape[1]), full, full_positions
+                x, mask, pad_mask = skip + _twice(self.time_recovery(x), skip.shape[1]), full, full_pad
+                positions = full_positions
         return x * full[:, :, None], lengths, [captured[index] for index in capture]
 
 

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 from speechtrain.lightning import parallel_state
 from speechtrain.nn.dropout import Dropout
-from speechtrain.nn.parallel import ColumnParallelLinear, RowParallelLinear
+from speechtrain.nn.parallel import ColumnParallelLinear, RowParallelLinear, _PlainLinear
 
 _ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu, "silu": F.silu, "swish": F.silu}
 
@@ -31,17 +31,57 @@ def relative_positions(length: int, d_model: int, device: torch.device | None = 
 
 
 def _relative_shift(scores: torch.Tensor) -> torch.Tensor:
-    """(B, h, T, 2T-1) scores against distances ``T-1 .. -(T-1)`` -> (B, h, T, T) scores of key j for query i.
+    """(..., T, 2T-1) scores against distances ``T-1 .. -(T-1)`` -> (..., T, T) scores of key j for query i.
 
     Query i's distance to key j, ``i - j``, sits in column ``T-1 - i + j``: row i of the result starts ``T-1 - i``
     columns in, which is a strided view (row stride ``2T-2``) of the contiguous scores: no copy, no padding.
     """
-    batch, heads, time, positions = scores.shape
+    *lead, time, positions = scores.shape
     scores = scores.contiguous()
     stride = scores.stride()
-    return scores.as_strided(
-        (batch, heads, time, time), (stride[0], stride[1], positions - 1, 1), scores.storage_offset() + time - 1
-    )
+    return scores.as_strided((*lead, time, time), (*stride[:-2], positions - 1, 1), scores.storage_offset() + time - 1)
+
+
+def _fused_kernel_takes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor, dropout: float) -> bool:
+    """Whether ``F.scaled_dot_product_attention`` runs a fused kernel on these inputs (a check on shapes, types and
+    flags, no host synchronisation). The CPU's fused kernel takes no gradient for an additive bias; CUDA's
+    memory-efficient one does, where the head size and type suit it."""
+    if q.device.type == "cpu":
+        return not (torch.is_grad_enabled() and bias.requires_grad)
+    if q.device.type != "cuda":
+        return True  # leave the choice to the device's own dispatcher
+    params = torch.backends.cuda.SDPAParams(q, k, v, bias, dropout, False, False)
+    cuda = torch.backends.cuda
+    return any(can(params) for can in (cuda.can_use_flash_attention, cuda.can_use_efficient_attention,
+                                       cuda.can_use_cudnn_attention))  # fmt: skip
+
+
+def _attention_with_bias(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    bias: torch.Tensor,
+    pad_mask: torch.Tensor | None,
+    dropout: float,
+) -> torch.Tensor:
+    """``F.scaled_dot_product_attention`` with an additive (B, h, T, S) ``bias`` and padded keys, where no fused
+    kernel takes them: its unfused path (the CPU's whenever the bias needs a gradient) dispatches about 60 operators
+    forward and 130 backward, this one about a third of that (the scale folded into the product that adds the bias).
+
+    q (B, h, T, d), k and v (B, h, S, d), pad_mask (B, S) True on padded keys -> (B, h, T, d). Padded keys get the
+    lowest finite logit instead of -inf: their weight is still exactly 0 wherever a query has a valid key, and a
+    query of an utterance with no valid frame gets finite values (which nothing reads) rather than NaN."""
+    batch, heads, time, dim = q.shape
+    keys = k.shape[2]
+    if pad_mask is not None:
+        bias = bias.masked_fill(pad_mask[:, None, None, :], torch.finfo(bias.dtype).min)
+    bias = bias.expand(batch, heads, time, keys).reshape(batch * heads, time, keys)
+    keys_t = k.reshape(batch * heads, keys, dim).transpose(1, 2)  # (B*h, d, S)
+    scores = torch.baddbmm(bias, q.reshape(batch * heads, time, dim), keys_t, alpha=1.0 / math.sqrt(dim))
+    probs = scores.softmax(-1)
+    if dropout > 0:
+        probs = F.dropout(probs, dropout)
+    return torch.bmm(probs, v.reshape(batch * heads, keys, dim)).view(batch, heads, time, dim)
 
 
 class MultiHeadAttention(torch.nn.Module):
@@ -88,15 +128,36 @@ class MultiHeadAttention(torch.nn.Module):
                     bias.tensor_model_parallel, bias.partition_dim, bias.partition_stride = True, 0, 1
 
     def _position_bias(self, q: torch.Tensor, positions: torch.Tensor | None) -> torch.Tensor:
-        """(B, h, T, T) position scores ``(q + v) . p_(i-j)``, scaled, to add to the content scores. q: (B, h, T, d);
-        positions: the (2T-1, D) encodings of :func:`relative_positions` (computed here when None)."""
-        time = q.shape[2]
+        """(B, h, T, T) position scores ``(q + v) . p_(i-j)``, scaled, to add to the content scores (a view). q:
+        (B, T, h, d); positions: the (2T-1, D) encodings of :func:`relative_positions` (computed here when None)."""
+        batch, time = q.shape[:2]
         if positions is None:
             positions = relative_positions(time, self.d_model, q.device)
         p = self.position(positions.to(q.dtype))  # (2T-1, h*d)
         p = p.view(2 * time - 1, self.local_heads, self.head_dim).permute(1, 2, 0)  # (2T-1, h, d) -> (h, d, 2T-1)
-        scale = 1.0 / math.sqrt(self.head_dim)
-        return _relative_shift(torch.matmul((q + self.pos_bias_v[:, None, :]) * scale, p))
+        qv = (q + self.pos_bias_v).mul_(1.0 / math.sqrt(self.head_dim))  # (B, T, h, d)
+        # One batched product per head over all B x T queries: (B, T, h, d) -> (h, B*T, d) is a view, where a
+        # product of (B, h, T, d) with (h, d, 2T-1) would first copy p out to every utterance.
+        scores = torch.bmm(qv.view(batch * time, self.local_heads, self.head_dim).transpose(0, 1), p)
+        shifted = _relative_shift(scores.view(self.local_heads, batch, time, 2 * time - 1))  # (h, B, T, T)
+        return shifted.permute(1, 0, 2, 3)
+
+    def _projections(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q, k, v (B, T, h, d) of x (B, T, D), this rank's heads. Without tensor parallelism (and without hooks on
+        the three layers, e.g. adapters) as one matrix product with the three weights stacked: one kernel and its
+        two backward products instead of three of each."""
+        batch, time, _ = x.shape
+        shape = (batch, time, self.local_heads, self.head_dim)
+        layers = (self.query, self.key, self.value)
+        linears = [layer.linear for layer in layers]
+        if not all(isinstance(linear, _PlainLinear) for linear in linears) or any(
+            m._forward_hooks or m._forward_pre_hooks for m in (*layers, *linears)
+        ):
+            return self.query(x).view(shape), self.key(x).view(shape), self.value(x).view(shape)
+        weight = torch.cat([linear.weight for linear in linears])
+        key_bias = self.key.linear.weight.new_zeros(()).expand(self.d_model)  # the key has no bias (see __init__)
+        bias = torch.cat([self.query.linear.bias, key_bias, self.value.linear.bias])
+        return F.linear(x, weight, bias).view(batch, time, 3, *shape[2:]).unbind(2)
 
     @staticmethod
     def _tp() -> int:
@@ -125,35 +186,37 @@ class MultiHeadAttention(torch.nn.Module):
             (B, T, D), identical on all tensor-parallel ranks.
         """
         batch, time, _ = x.shape
-
-        def heads(t: torch.Tensor) -> torch.Tensor:
-            return t.view(batch, time, self.local_heads, self.head_dim).transpose(1, 2)  # (B, T, h, d) -> (B, h, T, d)
-
-        q, k, v = heads(self.query(x)), heads(self.key(x)), heads(self.value(x))
-        mask = None if pad_mask is None else ~pad_mask[:, None, None, :]  # (B, 1, 1, T): True = may attend
+        q, k, v = self._projections(x)  # (B, T, h, d) each
         if cache is not None:
             if self.relative_positions or not causal or pad_mask is not None:
                 raise ValueError("A key/value cache needs causal attention without relative positions or padding.")
+            k, v = k.transpose(1, 2), v.transpose(1, 2)  # (B, T, h, d) -> (B, h, T, d)
             if "k" in cache:
                 k, v = torch.cat([cache["k"], k], dim=2), torch.cat([cache["v"], v], dim=2)
             cache["k"], cache["v"] = k, v
-        past = k.shape[2] - time
-        if causal:
-            keys = torch.arange(k.shape[2], device=x.device)
-            allowed = keys[None, :] <= keys[past:, None]  # (T, T_past + T): query i sees keys up to past + i
-            mask = allowed[None, None] if mask is None else mask & allowed[None, None]
+            k, v = k.transpose(1, 2), v.transpose(1, 2)
         dropout = self.dropout if self.training else 0.0
         rng = _model_parallel_rng() if dropout > 0 and self._tp() > 1 else contextlib.nullcontext()
+        if self.relative_positions:
+            # The position term is an additive bias of the fused kernel, which adds the content term (q + u) . k_j
+            # itself; padded keys get -inf in the same bias.
+            mask = self._position_bias(q, positions)
+            q = q + self.pos_bias_u
+        else:
+            mask = None if pad_mask is None else ~pad_mask[:, None, None, :]  # (B, 1, 1, T): True = may attend
+            if causal:
+                past = k.shape[1] - time
+                keys = torch.arange(k.shape[1], device=x.device)
+                allowed = keys[None, :] <= keys[past:, None]  # (T, T_past + T): query i sees keys up to past + i
+                mask = allowed[None, None] if mask is None else mask & allowed[None, None]
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, T, h, d) -> (B, h, T, d): views
         with rng:
-            if self.relative_positions:
-                # The position term is an additive bias of the fused kernel, which adds the content term
-                # (q + u) . k_j itself; padded keys get -inf in the same bias.
-                bias = self._position_bias(q, positions)
-                if mask is not None:
-                    bias = bias.masked_fill(~mask, float("-inf"))
-                q = q + self.pos_bias_u[:, None, :]
-                mask = bias
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout)  # (B, h, T, d)
+            if self.relative_positions and not _fused_kernel_takes(q, k, v, mask, dropout):
+                y = _attention_with_bias(q, k, v, mask, pad_mask, dropout)
+            else:
+                if self.relative_positions and pad_mask is not None:
+                    mask = mask.masked_fill(pad_mask[:, None, None, :], float("-inf"))
+                y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout)  # (B, h, T, d)
         y = y.transpose(1, 2).reshape(batch, time, self.local_heads * self.head_dim)  # (B, h, T, d) -> (B, T, h*d)
         return self.out(y)
 
