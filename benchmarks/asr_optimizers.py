@@ -9,12 +9,15 @@ audio each per step, the closing validation only) on the built-in corpus (built 
 ``--steps`` optimizer steps (the learning rate decays over them) or ``--seconds`` of training, and prints per
 optimizer: steps, audio-seconds per second, greedy WER on dev / test / heldout_engine and beam + LM beside it.
 
-``--cost``: one thread, the demo model's 92 hidden matrices with random gradients: the milliseconds of one update by
-``torch.optim.Muon`` (one matrix at a time) and by :class:`speechtrain.lightning.muon.GroupedMuon` (one shape at a
-time), in one process; on 2 data-parallel ranks each computes about half of the latter.
+``--cost``: one thread per process, the demo model's 92 hidden matrices with random gradients: the milliseconds of
+one update by ``torch.optim.Muon`` (one matrix at a time), by :class:`speechtrain.lightning.muon.GroupedMuon` (one
+shape at a time) and, where ``emerging-optimizers`` is installed (``pip install emerging-optimizers``), by Megatron
+Core's Muon with our numbers, in one process and on each of 2 gloo data-parallel ranks (GroupedMuon's ranks share the
+iterations; see :mod:`speechtrain.lightning.muon` for why Megatron's stays out).
 """
 
 import argparse
+import importlib.util
 import json
 import os
 import re
@@ -38,17 +41,21 @@ def cost(repeats: int = 20, rounds: int = 5) -> None:
     print("|---|---|---|")
     alone = _time_updates(None, repeats, rounds)
     with tempfile.TemporaryDirectory() as folder:
-        torch.multiprocessing.spawn(_rank, args=(folder, repeats, rounds), nprocs=2)
-        ranks = json.loads((Path(folder) / "times.json").read_text())
+        out = Path(folder) / "times.json"
+        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", __file__,
+                   "--rank-times", str(out), "--repeats", str(repeats), "--rounds", str(rounds)]  # fmt: skip
+        subprocess.run(command, env={**os.environ, "OMP_NUM_THREADS": "1"}, check=True)
+        ranks = json.loads(out.read_text())
     for name in alone:
         print(f"| {name} | {alone[name]:.1f} | {ranks[name]:.1f} |", flush=True)
 
 
-def _rank(rank: int, folder: str, repeats: int, rounds: int) -> None:
-    torch.distributed.init_process_group("gloo", init_method=f"file://{folder}/store", rank=rank, world_size=2)
+def _rank_times(out: str, repeats: int, rounds: int) -> None:
+    """One of the 2 ranks that ``cost`` launches; rank 0 writes the times to ``out``."""
+    torch.distributed.init_process_group("gloo")
     times = _time_updates(torch.distributed.group.WORLD, repeats, rounds)
-    if rank == 0:
-        (Path(folder) / "times.json").write_text(json.dumps(times))
+    if torch.distributed.get_rank() == 0:
+        Path(out).write_text(json.dumps(times))
     torch.distributed.destroy_process_group()
 
 
@@ -57,15 +64,17 @@ def _time_updates(group: object, repeats: int, rounds: int) -> dict[str, float]:
     from other jobs falls on all of them). With ``group`` (2 ranks holding the same gradients, as after the
     data-parallel reduction), GroupedMuon shares the iterations over the ranks and Megatron's Muon, which shares
     them only under its layer-wise distributed optimizer (bf16 weights only), runs them all on every rank."""
-    from megatron.core.optimizer.emerging_optimizers import TensorParallelMuon
-
     from speechtrain.lightning.muon import GroupedMuon
 
     torch.set_num_threads(1)
-    megatron = {"nesterov": True, "coefficient_type": "simple", "extra_scale_factor": 0.2}
     builds = {"torch.optim.Muon": lambda ps: torch.optim.Muon(ps, adjust_lr_fn="match_rms_adamw"),
-              "GroupedMuon": lambda ps: GroupedMuon(ps, group=group),
-              "Megatron's Muon (TensorParallelMuon)": lambda ps: TensorParallelMuon(ps, **megatron)}  # fmt: skip
+              "GroupedMuon": lambda ps: GroupedMuon(ps, group=group)}  # fmt: skip
+    if importlib.util.find_spec("emerging_optimizers") is not None:  # not a dependency: only for this comparison
+        from megatron.core.optimizer.emerging_optimizers import TensorParallelMuon
+
+        # Our numbers: Nesterov momentum, Keller Jordan's coefficients, Moonshot's 0.2 * sqrt(max(rows, cols)).
+        megatron = {"nesterov": True, "coefficient_type": "simple", "extra_scale_factor": 0.2}
+        builds["Megatron's Muon (TensorParallelMuon)"] = lambda ps: TensorParallelMuon(ps, **megatron)
     optimizers = {}
     for name, build in builds.items():
         params = [torch.nn.Parameter(torch.randn(shape)) for shape in DEMO_SHAPES]
@@ -92,10 +101,8 @@ def train(name: str, steps: int | None, seconds: int | None, folder: Path) -> di
              [f"trainer.max_time={{seconds: {seconds}}}", "trainer.check_val_every_n_epoch=1000"])  # fmt: skip
     command = [sys.executable, str(ROOT / "examples" / "asr_train.py"), "--config-name", "asr_train_hybrid",
                f"name={name}", f"exp_manager.exp_dir={folder}", "trainer.devices=2",
-               "model.train_ds.batch_duration=30", f"model.optim.name={name.split('-')[0]}", *limit]  # fmt: skip
+               "model.train_ds.batch_duration=30", f"model.optim.name={name}", *limit]  # fmt: skip
     env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "PYTHONPATH": str(ROOT)}
-    if name == "muon-megatron":
-        env["SPEECHTRAIN_MUON"] = "megatron"
     start = time.perf_counter()
     log = subprocess.run(
         command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, check=True
@@ -118,7 +125,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seconds", type=int, default=None)
     parser.add_argument("--repeats", type=int, default=20, help="--cost: timed updates per optimizer and round")
     parser.add_argument("--rounds", type=int, default=5, help="--cost: rounds, the optimizers taking turns")
+    parser.add_argument("--rank-times", help=argparse.SUPPRESS)  # --cost's 2 ranks
     args = parser.parse_args(argv)
+    if args.rank_times:
+        _rank_times(args.rank_times, args.repeats, args.rounds)
+        return
     if args.cost:
         cost(args.repeats, args.rounds)
         return

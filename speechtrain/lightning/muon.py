@@ -7,17 +7,23 @@ so that its RMS matches AdamW's and the same learning rate and schedule serve bo
 and output layers (the model names them: :attr:`speechtrain.core.model.SpeechModel.MUON_ADAMW_MODULES`), biases, norms,
 convolutions and recurrent weights stay with AdamW, as Muon's authors prescribe.
 
-Why this file and not the engine's: it was written when Megatron Core's Muon (``get_megatron_muon_optimizer``, which
-needs the ``emerging-optimizers`` package, Python >= 3.12) was out of reach of the project's Python 3.11 pin; on 3.12
-and 0.19 it installs, and which of the two stays is to be decided by measurement (docs/bridge.md). torch's own
-``torch.optim.Muon`` computes the same update one matrix at a time, where :func:`orthogonalize` stacks the matrices
-of one shape and runs the iterations as batched products, fewer and larger (``benchmarks/asr_optimizers.py --cost``
-times both). Its numbers are torch's (tested against ``torch.optim.Muon``).
+Why this file and not the engine's: Megatron Core 0.19's Muon (``get_megatron_optimizer`` with ``optimizer="muon"``:
+``TensorParallelMuon`` from the ``emerging-optimizers`` package) computes the same update when given these numbers
+(``muon_nesterov``, ``muon_coefficient_type="simple"``, ``muon_extra_scale_factor=0.2``) and this parameter split
+(``is_embedding_or_output_parameter`` on the rest), and was measured against this file on the demo recipe at equal
+steps (RESULTS.md, ``bridge.muon_*``; ``benchmarks/asr_optimizers.py``). Its update is slower: one matrix at a time,
+where :func:`orthogonalize` stacks the matrices of one shape and runs the iterations as batched products, fewer and
+larger. And every data-parallel rank runs all of it: the layer-wise distributed optimizer that shares the
+iterations over the ranks (as this file does) wraps its torch optimizers in Megatron's only for bf16 weights (under
+``32`` and ``bf16-mixed``, the demo's precision, it cannot step) and gathers uneven shards, which gloo refuses. So the
+engine's Muon would cost every run a slower step for the same WER; revisit when its layer-wise path takes fp32
+weights. torch's own ``torch.optim.Muon`` also updates one matrix at a time; this file's numbers are torch's (tested
+against ``torch.optim.Muon``).
 
 Data parallelism: every data-parallel rank holds the same reduced gradients and momentum, so each orthogonalises
 only its share of the matrices and one ``all_gather`` (bf16, one per step, the same layout on every rank whatever the
 data) gives every rank all the updates: the same weights on every rank as one process computes, at half the
-iterations' cost on 2 ranks (Megatron's layer-wise distributed Muon does the same). Under tensor parallelism each
+iterations' cost on 2 ranks. Under tensor parallelism each
 rank orthogonalises its own shard of a split matrix (Megatron's default ``muon_tp_mode="blockwise"``), which is not
 the full matrix's orthogonalisation: a TP run's numbers differ from TP=1's. Not with the distributed optimizer,
 whose shards are flat slices of many matrices.

@@ -16,7 +16,6 @@ clipping by that norm -> ``step_with_ready_grads``. Megatron's ``step()`` runs t
 
 import logging
 import math
-import os
 from collections.abc import Callable
 from typing import Any
 
@@ -99,14 +98,11 @@ class MegatronOptimizer(torch.optim.Optimizer):
             clip_grad=clip_grad,
             **(loss_scaling or {}),
         )
-        megatron_muon = name == "muon" and os.environ.get("SPEECHTRAIN_MUON") == "megatron"
-        if megatron_muon:
-            _megatron_muon_settings(config, engine, adamw_modules, muon_momentum, ns_steps)
         with cuda_tensor_types():
             mcore = get_megatron_optimizer(config, [engine.ddp])
         if len(getattr(mcore, "chained_optimizers", ())) == 1:  # a chain of one (no expert parameters here)
             mcore = mcore.chained_optimizers[0]
-        if name == "muon" and not megatron_muon:
+        if name == "muon":
             mcore.optimizer = _muon_over(mcore, engine.module, adamw_modules, muon_momentum, ns_steps)
             # Megatron matches a checkpoint's groups to the optimizer's by (wd_mult, lr_mult, ...), which the Muon
             # and AdamW halves of one of its groups share; the saved groups come in the order this build makes.
@@ -190,26 +186,3 @@ def _muon_over(mcore: Any, module: torch.nn.Module, adamw_modules: Any, momentum
                 "on %d other tensors (%.2fM).", len(matrices), sum(p.numel() for p in matrices) / 1e6, ranks,
                 len(others), sum(p.numel() for p in others) / 1e6)  # fmt: skip
     return split
-
-
-def _megatron_muon_settings(config: Any, engine: Any, adamw_modules: Any, momentum: float, ns_steps: int) -> None:
-    """``config`` turned into Megatron's Muon with our numbers (Nesterov, Keller Jordan's coefficients, Moonshot's
-    ``0.2 * sqrt(max(rows, cols))`` scale); our parameter split through the mark Megatron routes to AdamW by."""
-    from speechtrain.lightning import parallel_state
-    from speechtrain.lightning.muon import muon_parameters
-
-    config.optimizer = "muon"
-    config.muon_momentum = momentum
-    config.muon_nesterov = True
-    config.muon_coefficient_type = "simple"
-    config.muon_num_ns_steps = ns_steps
-    config.muon_scale_mode = "spectral"
-    config.muon_extra_scale_factor = 0.2
-    config.muon_split_qkv = False
-    config.use_layer_wise_distributed_optimizer = (
-        parallel_state.data_parallel_world_size() > 1 and os.environ.get("SPEECHTRAIN_MUON_LAYERWISE") == "1"
-    )
-    chosen = muon_parameters(engine.module, adamw_modules)
-    for p in engine.module.parameters():
-        if p.dim() == 2 and id(p) not in chosen:
-            p.is_embedding_or_output_parameter = True
