@@ -12,7 +12,7 @@ from speechtrain.core.hydra_runner import compose_config
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 # A YAML is composed by the script of the same name, or by the one named here (``--config-name``).
 SCRIPT_OF = {name: "asr_train" for name in ("fastconformer_ctc_large", "asr_train_tdt", "asr_train_rnnt",
-                                            "asr_train_augmented", "asr_train_hybrid",
+                                            "asr_train_augmented", "asr_train_hybrid", "asr_train_streaming",
                                             "librispeech_fastconformer_ctc")}  # fmt: skip
 # What a recipe leaves to the command line (data, archives), filled with stand-ins that need no file.
 REQUIRED = {

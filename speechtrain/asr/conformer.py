@@ -16,6 +16,11 @@ Tensor parallelism: attention heads, feed-forward hidden units and the convoluti
 split over the TP ranks (the blocks of :mod:`speechtrain.nn`); subsampling, norms and the depthwise convolution are
 replicated. Every weight is drawn from its own seeded stream, so TP=2 holds the same model as TP=1.
 
+Streaming (NeMo's cache-aware FastConformer): ``att_context_size`` limits what each frame attends to (``regular``, or
+``chunked_limited``: chunks of ``right + 1`` frames and whole chunks of left context), ``conv_context_size: causal``
+makes the depthwise convolutions causal and ``causal_downsampling`` the subsampling; :meth:`ConformerLayer.stream`
+then runs one chunk at a time with its caches (:mod:`speechtrain.asr.streaming`), giving the offline frames.
+
 Padding never changes valid outputs: every convolution sees zeros past each utterance's end, attention never looks at
 them, and the ``batch_norm`` option of the convolution module takes its statistics over valid frames only (in eval
 mode, it uses running statistics, so batched and per-utterance outputs agree exactly).
@@ -23,20 +28,30 @@ mode, it uses running statistics, so batched and per-utterance outputs agree exa
 
 import contextlib
 import math
+import random
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 import torch.utils.checkpoint
 
 from speechtrain import backends
+from speechtrain.asr.subsampling import (  # noqa: F401  (frame_mask, subsampled_lengths: this module's API too)
+    Subsampling,
+    _conv_out_length,
+    frame_mask,
+    subsampled_lengths,
+)
 from speechtrain.lightning import parallel_state
 from speechtrain.nn.dropout import Dropout
 from speechtrain.nn.init import seeded
 from speechtrain.nn.parallel import ColumnParallelLinear, RowParallelLinear
 from speechtrain.nn.transformer import FeedForward, MultiHeadAttention, relative_positions
+
+CONTEXT_STYLES = ("regular", "chunked_limited")
 
 
 @dataclass
@@ -69,6 +84,18 @@ class ConformerConfig:
             they started from), so the encoder's output keeps the subsampling's frame rate at about
             ``(num_layers - span / 2) / num_layers`` of the layers' compute. -1: off.
         time_recovery_idx: the first layer back at the full frame rate (``time_reduce_idx`` < it <= ``num_layers``).
+        att_context_size: NeMo's limited attention context ``[left, right]`` in encoder frames (-1: unlimited), or a
+            list of them trained together: each training step uses one, drawn from the step number (the same on
+            every rank; ``att_context_probs`` weights them); evaluation and export use the first. Needed, with a
+            finite left, for cache-aware streaming (:mod:`speechtrain.asr.streaming`).
+        att_context_style: ``regular`` (frame i sees frames i-left .. i+right) or ``chunked_limited`` (NeMo's: the
+            frames fall into chunks of ``right + 1``; a frame sees its whole chunk and the ``left // (right + 1)``
+            chunks before it, so streaming runs one chunk per step with no look-ahead growing over the layers).
+        att_context_probs: probabilities of the ``att_context_size`` entries in training (None: uniform).
+        conv_context_size: the depthwise convolution's frames ``[before, after]`` (summing to kernel - 1); None:
+            symmetric; ``causal``: ``[kernel - 1, 0]`` (what streaming needs).
+        causal_downsampling: subsampling convolutions read no future frame (padding 2 before and 1 after, on time
+            and frequency, as NeMo's): streaming then waits for no feature past a frame's own.
     """
 
     d_model: int = 176
@@ -88,6 +115,59 @@ class ConformerConfig:
     compile: bool = False
     time_reduce_idx: int = -1
     time_recovery_idx: int = -1
+    att_context_size: list[Any] = field(default_factory=lambda: [-1, -1])
+    att_context_style: str = "regular"
+    att_context_probs: list[float] | None = None
+    conv_context_size: Any = None
+    causal_downsampling: bool = False
+
+    def context_sizes(self) -> list[tuple[int, int]]:
+        """The ``att_context_size`` entries as ``(left, right)`` pairs, checked (ConfigError-friendly ValueError)."""
+        sizes = list(self.att_context_size)
+        if sizes and all(isinstance(v, int) for v in sizes):
+            sizes = [sizes]
+        where = f"encoder.att_context_size={self.att_context_size}"
+        pairs = []
+        for size in sizes:
+            size = list(size) if not isinstance(size, int) else [size]
+            if len(size) != 2 or not all(isinstance(v, int) and v >= -1 for v in size):
+                raise ValueError(f"{where}: expected [left, right] (frames, -1: unlimited) or a list of them.")
+            if self.att_context_style == "chunked_limited" and size[1] < 0:
+                raise ValueError(f"{where}: chunked_limited needs right >= 0 (chunks of right + 1 frames).")
+            pairs.append((size[0], size[1]))
+        if not pairs:
+            raise ValueError(f"{where}: give at least one [left, right].")
+        if self.att_context_style not in CONTEXT_STYLES:
+            raise ValueError(f"encoder.att_context_style must be one of {', '.join(CONTEXT_STYLES)}, got "
+                             f"{self.att_context_style!r}.")  # fmt: skip
+        probs = self.att_context_probs
+        if probs is not None and (len(probs) != len(pairs) or min(probs) < 0 or abs(sum(probs) - 1) > 1e-6):
+            raise ValueError(f"encoder.att_context_probs={list(probs)}: one probability per att_context_size entry "
+                             f"({len(pairs)}), summing to 1.")  # fmt: skip
+        if self.limited_context(pairs) and self.reduced_layers():
+            raise ValueError(
+                "encoder.att_context_size limits the attention context, which the temporal U-Net "
+                "(time_reduce_idx) does not support: set time_reduce_idx=-1 time_recovery_idx=-1."
+            )
+        return pairs
+
+    def limited_context(self, pairs: list[tuple[int, int]] | None = None) -> bool:
+        """Whether any attention context is limited (else attention is the offline model's, unchanged)."""
+        pairs = self.context_sizes() if pairs is None else pairs
+        return self.att_context_style != "regular" or any(p != (-1, -1) for p in pairs)
+
+    def conv_padding(self) -> tuple[int, int]:
+        """The depthwise convolution's (frames before, frames after)."""
+        k, context = self.conv_kernel_size, self.conv_context_size
+        if context is None:
+            return k // 2, k // 2
+        if context == "causal":
+            return k - 1, 0
+        context = list(context) if not isinstance(context, str) else context
+        if isinstance(context, str) or len(context) != 2 or sum(context) != k - 1 or min(context) < 0:
+            raise ValueError(f"encoder.conv_context_size={self.conv_context_size}: expected null, 'causal' or "
+                             f"[before, after] with before + after = conv_kernel_size - 1 = {k - 1}.")  # fmt: skip
+        return int(context[0]), int(context[1])
 
     def reduced_layers(self) -> range:
         """The layers that run on half the frames (empty without a temporal U-Net)."""
@@ -102,122 +182,24 @@ class ConformerConfig:
         return range(self.time_reduce_idx, self.time_recovery_idx)
 
 
-def frame_mask(lengths: torch.Tensor, frames: int) -> torch.Tensor:
-    """(B, frames) bool, True on valid frames."""
-    return torch.arange(frames, device=lengths.device)[None, :] < lengths[:, None]
-
-
-def _conv_out_length(lengths: torch.Tensor) -> torch.Tensor:
-    """Output length of a kernel-3, stride-2, padding-1 convolution (a tensor's or a NumPy array's: host-side
-    lengths are computed the same way)."""
-    return (lengths - 1) // 2 + 1
-
-
-def subsampled_lengths(lengths: torch.Tensor, factor: int) -> torch.Tensor:
-    """Frames left of ``lengths`` after ``factor``x subsampling (log2(factor) stride-2 convolutions)."""
-    for _ in range(int(math.log2(factor))):
-        lengths = _conv_out_length(lengths)
-    return lengths
-
-
-class Subsampling(torch.nn.Module):
-    """(B, n_mels, F) features -> (B, F / factor, d_model), with lengths.
-
-    Args:
-        kind: ``striding`` or ``dw_striding``.
-        factor: power of two.
-        n_mels: feature bands.
-        channels: convolution channels.
-        d_model: output width.
-    """
-
-    def __init__(self, kind: str, factor: int, n_mels: int, channels: int, d_model: int) -> None:
-        super().__init__()
-        if kind not in ("striding", "dw_striding"):
-            raise ValueError(f"encoder.subsampling must be 'striding' or 'dw_striding', got {kind!r}.")
-        if factor < 2 or factor & (factor - 1):
-            raise ValueError(f"encoder.subsampling_factor must be a power of 2 (>= 2), got {factor}.")
-        steps = int(math.log2(factor))
-        layers: list[torch.nn.Module] = []
-        in_channels = 1
-        for step in range(steps):
-            if kind == "striding" or step == 0:
-                layers.append(torch.nn.Conv2d(in_channels, channels, kernel_size=3, stride=2, padding=1))
-            else:
-                layers.append(torch.nn.Sequential(
-                    torch.nn.Conv2d(channels, channels, kernel_size=3, stride=2, padding=1, groups=channels),
-                    torch.nn.Conv2d(channels, channels, kernel_size=1),
-                ))  # fmt: skip
-            in_channels = channels
-        self.convs = torch.nn.ModuleList(layers)
-        bands = n_mels
-        for _ in range(steps):
-            bands = (bands - 1) // 2 + 1
-        self.out = torch.nn.Linear(channels * bands, d_model)
-
-    def output_lengths(self, lengths: torch.Tensor) -> torch.Tensor:
-        """The frames :meth:`forward` leaves of ``lengths`` feature frames (any device: the arithmetic alone)."""
-        for _ in self.convs:
-            lengths = _conv_out_length(lengths)
-        return lengths
-
-    def forward(self, feats: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        # Channels-last (B, F, bands, C) memory is what the oneDNN and cuDNN kernels of these convolutions run
-        # fastest on. The weights keep their layout; the first convolution's output sets the layout of the rest.
-        x = feats.transpose(1, 2)  # (B, n_mels, F) -> (B, F, n_mels)
-        x = x * frame_mask(lengths, x.shape[1])[:, :, None]
-        for index, conv in enumerate(self.convs):
-            lengths = _conv_out_length(lengths)
-            if index == 0:
-                x = _first_conv(conv, x, lengths)
-                continue
-            x = backends.conv2d(conv, x) if isinstance(conv, torch.nn.Conv2d) else conv(x)
-            _zero_first_padded_frame(x, lengths)
-            x = x.relu_()  # in place: the convolution's backward does not need its output
-        batch, channels, frames, bands = x.shape
-        x = self.out(x.transpose(1, 2).reshape(batch, frames, channels * bands))  # (B, F', C*bands) -> (B, F', D)
-        return x, lengths
-
-
-def _first_conv(conv: torch.nn.Conv2d, x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-    """``conv`` (1 -> C channels, kernel 3, stride 2, padding 1) of x (B, F, n_mels) as one matrix product of the
-    3 x 3 patches, its first padded frame zeroed and rectified (``lengths``: the output's): (B, C, F', bands) in
-    channels-last memory. Faster than the convolution kernel for a single input channel, and its
-    channels-last output is what makes the next convolutions take their fast kernels (a one-channel input leaves
-    the convolution's output layout ambiguous, and PyTorch picks NCHW). The in-place ReLU acts on the product
-    itself: on a view of it, autograd would copy the whole activation back in the backward pass."""
-    x = F.pad(x, (1, 1, 1, 1))  # (B, F + 2, n_mels + 2)
-    batch, frames, bands = x.shape
-    out_frames, out_bands = (frames - 3) // 2 + 1, (bands - 3) // 2 + 1
-    s = x.stride()
-    patches = x.as_strided((batch, out_frames, out_bands, 3, 3), (s[0], 2 * s[1], 2 * s[2], s[1], s[2]))
-    # (C, 1, 3, 3) -> (9, C), contiguous: the weight gradient is then computed as patches^T @ grad, not as the
-    # slower (grad^T @ patches)^T that autograd picks for a transposed view.
-    weight = conv.weight.view(conv.out_channels, 9).t().contiguous()
-    out = torch.addmm(conv.bias, patches.reshape(-1, 9), weight)  # (B * F' * bands, C)
-    _zero_first_padded_frame(out.view(batch, out_frames, out_bands, -1), lengths, time_dim=1)
-    return out.relu_().view(batch, out_frames, out_bands, -1).permute(0, 3, 1, 2)  # (B, C, F', bands)
-
-
-def _zero_first_padded_frame(x: torch.Tensor, lengths: torch.Tensor, time_dim: int = 2) -> None:
-    """Zero frame ``lengths[b]`` of each utterance of ``x`` (B, C, F, bands; frames on ``time_dim``) that has one,
-    in place, before a ReLU.
-
-    A kernel-3, stride-2, padding-1 convolution's last valid output reads at most one frame past its input's valid
-    end, so this one frame is all the padding a valid output can see: valid outputs are as if unpadded (later
-    frames are never read by them, and the encoder ignores padded frames), at the cost of B frames instead of a
-    pass over the whole (largest) activation. Outside autograd: the ReLU that follows has output 0 there, so its
-    backward already gives these frames the zero gradient that multiplying by 0 would (tracking the indexing would
-    cost two passes over the activation in the backward). No host synchronisation: an utterance without padding
-    rewrites its last frame with itself.
-    """
-    frames = x.shape[time_dim]
-    index = lengths.clamp(max=frames - 1)
-    keep = (lengths >= frames).to(x.dtype)[:, None, None]  # (B, 1, 1)
-    batch = torch.arange(x.shape[0], device=x.device)
-    view = x.movedim(time_dim, 1)  # (B, F, ...): the frames to zero are view[batch, index]
-    with torch.no_grad():
-        view[batch, index] = view[batch, index] * keep  # (B, C, bands) or (B, bands, C) frames
+def context_allowed(queries: torch.Tensor, keys: torch.Tensor, context: tuple[int, int], style: str) -> torch.Tensor:
+    """(T, K) bool: may the query at frame ``queries[i]`` attend to the key at frame ``keys[j]`` (absolute frame
+    numbers, (T,) and (K,)) under the limited ``context`` (left, right) of ``style`` (``regular`` or
+    ``chunked_limited``, see :class:`ConformerConfig`). Built from the shapes alone: no host synchronisation."""
+    left, right = context
+    if style == "chunked_limited":
+        size = right + 1
+        back = (torch.div(queries, size, rounding_mode="floor")[:, None]
+                - torch.div(keys, size, rounding_mode="floor")[None, :])  # fmt: skip  # chunks back
+        allowed = back >= 0
+        return allowed & (back <= left // size) if left >= 0 else allowed
+    back = queries[:, None] - keys[None, :]  # frames back
+    allowed = torch.ones_like(back, dtype=torch.bool)
+    if left >= 0:
+        allowed = allowed & (back <= left)
+    if right >= 0:
+        allowed = allowed & (back >= -right)
+    return allowed
 
 
 class MaskedBatchNorm1d(torch.nn.BatchNorm1d):
@@ -242,12 +224,19 @@ class MaskedBatchNorm1d(torch.nn.BatchNorm1d):
         return centered / std * self.weight.view(1, channels, 1) + self.bias.view(1, channels, 1)
 
 
-def _depthwise_over_time(conv: torch.nn.Conv1d, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+def _depthwise_over_time(
+    conv: torch.nn.Conv1d, x: torch.Tensor, mask: torch.Tensor, before: torch.Tensor | None = None
+) -> torch.Tensor:
     """The depthwise ``conv`` over the frames of x (B, T, D), zeros past each utterance's end (``mask`` (B, T): True
     on valid frames), as a (k x 1) Conv2d on channels-last memory, which (B, T, D) already is: no transposed copies,
-    and the channels-last depthwise kernels (much faster than Conv1d's). Returns (B, D, T')."""
+    and the channels-last depthwise kernels (much faster than Conv1d's). ``before``: (B, P, D) frames put before x in
+    place of the convolution's padding there (a streaming cache; ``conv`` then pads nothing). Returns (B, D, T')."""
     batch, frames, channels = x.shape
-    x = (x * mask.view(batch, frames, 1)).view(batch, frames, 1, channels).permute(0, 3, 1, 2)  # -> (B, D, T, 1)
+    x = x * mask.view(batch, frames, 1)
+    if before is not None:
+        x = torch.cat([before, x], dim=1)
+        frames = x.shape[1]
+    x = x.view(batch, frames, 1, channels).permute(0, 3, 1, 2)  # (B, T, 1, D) -> (B, D, T, 1)
     weight, stride, padding = conv.weight.view(*conv.weight.shape, 1), (conv.stride[0], 1), (conv.padding[0], 0)
     out = backends.depthwise_conv2d(x, weight, conv.bias, stride, padding)  # (B, D, T', 1)
     return out.view(out.shape[:3])
@@ -260,14 +249,19 @@ class ConvolutionModule(torch.nn.Module):
     depthwise convolution and norm run on all channels, and the last pointwise layer is row-parallel.
     """
 
-    def __init__(self, d_model: int, kernel_size: int, norm_type: str, dropout: float) -> None:
+    def __init__(
+        self, d_model: int, kernel_size: int, norm_type: str, dropout: float, padding: tuple[int, int] | None = None
+    ) -> None:
         super().__init__()
         if kernel_size % 2 == 0:
             raise ValueError(f"encoder.conv_kernel_size must be odd, got {kernel_size}.")
         if norm_type not in ("batch_norm", "layer_norm"):
             raise ValueError(f"encoder.conv_norm_type must be 'batch_norm' or 'layer_norm', got {norm_type!r}.")
         self.pointwise_in = ColumnParallelLinear(d_model, 2 * d_model, gather_output=True)
-        self.depthwise = torch.nn.Conv1d(d_model, d_model, kernel_size, padding=kernel_size // 2, groups=d_model)
+        # Asymmetric padding (a causal convolution) is added as frames before or after the input, not by the conv.
+        self.padding = padding or (kernel_size // 2, kernel_size // 2)
+        symmetric = self.padding[0] if self.padding[0] == self.padding[1] else 0
+        self.depthwise = torch.nn.Conv1d(d_model, d_model, kernel_size, padding=symmetric, groups=d_model)
         self.norm_type = norm_type
         self.norm = MaskedBatchNorm1d(d_model) if norm_type == "batch_norm" else torch.nn.LayerNorm(d_model)
         self.pointwise_out = RowParallelLinear(d_model, d_model, input_is_parallel=False)
@@ -276,7 +270,25 @@ class ConvolutionModule(torch.nn.Module):
     def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """x (B, T, D), mask (B, T) True on valid frames -> (B, T, D)."""
         x = F.glu(self.pointwise_in(x), dim=-1)  # (B, T, 2D) -> (B, T, D)
-        x = _depthwise_over_time(self.depthwise, x, mask)  # (B, D, T)
+        before, after = self.padding
+        if before != after:
+            zeros = x.new_zeros(x.shape[0], before, x.shape[2])
+            x = _depthwise_over_time(self.depthwise, F.pad(x, (0, 0, 0, after)), F.pad(mask, (0, after)), zeros)
+        else:
+            x = _depthwise_over_time(self.depthwise, x, mask)  # (B, D, T)
+        return self._after_depthwise(x, mask)
+
+    def stream(self, x: torch.Tensor, cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """One streaming chunk (a causal convolution): x (B, T, D), every frame valid, and ``cache`` (B, k-1, D),
+        the depthwise input of the k-1 frames before x (zeros at the start, as the offline padding) -> (B, T, D)
+        and the next chunk's cache."""
+        x = F.glu(self.pointwise_in(x), dim=-1)  # (B, T, 2D) -> (B, T, D)
+        mask = torch.ones(x.shape[:2], dtype=torch.bool, device=x.device)
+        out = _depthwise_over_time(self.depthwise, x, mask, before=cache)
+        return self._after_depthwise(out, mask), torch.cat([cache, x], dim=1)[:, x.shape[1] :]
+
+    def _after_depthwise(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """(B, D, T) depthwise output -> norm -> Swish -> pointwise -> (B, T, D)."""
         if self.norm_type == "batch_norm":
             x = self.norm(x, mask)
         else:
@@ -309,7 +321,7 @@ class ConformerLayer(torch.nn.Module):
         self.attn_norm = torch.nn.LayerNorm(d)
         self.attention = MultiHeadAttention(d, cfg.num_heads, cfg.dropout_att, relative_positions=True)
         self.conv_norm = torch.nn.LayerNorm(d)
-        self.conv = ConvolutionModule(d, cfg.conv_kernel_size, cfg.conv_norm_type, cfg.dropout)
+        self.conv = ConvolutionModule(d, cfg.conv_kernel_size, cfg.conv_norm_type, cfg.dropout, cfg.conv_padding())
         self.ff2_norm = torch.nn.LayerNorm(d)
         self.ff2 = FeedForward(d, d_ff, activation="swish", dropout=cfg.dropout)
         self.out_norm = torch.nn.LayerNorm(d)
@@ -321,22 +333,54 @@ class ConformerLayer(torch.nn.Module):
         mask: torch.Tensor,
         positions: torch.Tensor | None = None,
         pad_mask: torch.Tensor | None = None,
+        allowed: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """x (B, T, D), mask (B, T) True on valid frames, positions (2T-1, D) relative-position encodings (computed
         by the attention when None), pad_mask ``~mask`` (computed here when None; the encoder makes it once for
-        all layers) -> (B, T, D)."""
+        all layers) -> (B, T, D). ``allowed``: (B, 1, T, T) bool, the keys each query may attend to (limited
+        context, padding included; ``pad_mask`` is then not used); None: every valid frame."""
         x = torch.add(x, self.dropout(self.ff1(self.ff1_norm(x))), alpha=0.5)  # one operator for x + 0.5 * ff
-        pad_mask = ~mask if pad_mask is None else pad_mask
-        x = x + self.dropout(self.attention(self.attn_norm(x), pad_mask=pad_mask, positions=positions))
+        if allowed is not None:
+            pad_mask = None
+        elif pad_mask is None:
+            pad_mask = ~mask
+        attended = self.attention(self.attn_norm(x), pad_mask=pad_mask, positions=positions, allowed=allowed)
+        x = x + self.dropout(attended)
         x = x + self.conv(self.conv_norm(x), mask)
         x = torch.add(x, self.dropout(self.ff2(self.ff2_norm(x))), alpha=0.5)
         return self.out_norm(x)
 
+    def stream(
+        self,
+        x: torch.Tensor,
+        positions: torch.Tensor,
+        allowed: torch.Tensor,
+        cache: tuple[torch.Tensor, torch.Tensor],
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        """One streaming chunk, in eval mode: x (B, T, D) (every frame valid), the (M+2T-1, D) relative-position
+        encodings of :func:`relative_positions` with ``past=M``, ``allowed`` (T, M+T) and ``cache``: the attention
+        input of the M frames before x (B, M, D) and the convolution's (B, k-1, D). Returns (B, T, D) and the next
+        chunk's cache."""
+        attention_cache, conv_cache = cache
+        x = x + 0.5 * self.ff1(self.ff1_norm(x))
+        h = self.attn_norm(x)
+        x = x + self.attention(h, positions=positions, allowed=allowed, memory=attention_cache)
+        conv, conv_cache = self.conv.stream(self.conv_norm(x), conv_cache)
+        x = x + conv
+        x = x + 0.5 * self.ff2(self.ff2_norm(x))
+        attention_cache = torch.cat([attention_cache, h], dim=1)[:, h.shape[1] :]
+        return self.out_norm(x), (attention_cache, conv_cache)
+
 
 def _run_layer(
-    layer: ConformerLayer, x: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, pad_mask: torch.Tensor
+    layer: ConformerLayer,
+    x: torch.Tensor,
+    mask: torch.Tensor,
+    positions: torch.Tensor,
+    pad_mask: torch.Tensor,
+    allowed: torch.Tensor | None,
 ) -> torch.Tensor:
-    return layer(x, mask, positions, pad_mask)
+    return layer(x, mask, positions, pad_mask, allowed)
 
 
 _recomputing = threading.local()
@@ -420,7 +464,8 @@ class ConformerEncoder(torch.nn.Module):
         super().__init__()
         channels = cfg.subsampling_conv_channels if cfg.subsampling_conv_channels > 0 else cfg.d_model
         with seeded(seed):
-            self.subsampling = Subsampling(cfg.subsampling, cfg.subsampling_factor, n_mels, channels, cfg.d_model)
+            self.subsampling = Subsampling(cfg.subsampling, cfg.subsampling_factor, n_mels, channels, cfg.d_model,
+                                           cfg.causal_downsampling)  # fmt: skip
         layers = []
         for index in range(cfg.num_layers):
             with seeded(seed + 1 + index):
@@ -443,6 +488,40 @@ class ConformerEncoder(torch.nn.Module):
         self.xscale = math.sqrt(cfg.d_model) if cfg.xscaling else 1.0
         self.activation_checkpointing = cfg.activation_checkpointing
         self._run_layer = torch.compile(_run_layer, dynamic=True) if cfg.compile else _run_layer
+        self.contexts = cfg.context_sizes()
+        self.context_style = cfg.att_context_style
+        self.context_probs = cfg.att_context_probs
+        self.limited_context = cfg.limited_context(self.contexts)
+        self.context = self.contexts[0]  # evaluation's (and streaming's) context: set_context changes it
+        self.training_step_index = 0  # the model sets it before each training forward: the context is drawn from it
+        self._context_seed = seed
+
+    def set_context(self, context: tuple[int, int] | list[int]) -> None:
+        """Evaluate (and stream) with ``context`` (left, right), one of the trained ``att_context_size`` entries."""
+        context = (int(context[0]), int(context[1]))
+        if context not in self.contexts:
+            raise ValueError(f"att_context_size={list(context)} is not one this model was trained with: "
+                             f"{[list(c) for c in self.contexts]}.")  # fmt: skip
+        self.context = context
+
+    def training_context(self) -> tuple[int, int]:
+        """The context of this training step: drawn from the step number and the model's seed, so every
+        data-parallel rank picks the same without communicating (and a resumed run picks as the uninterrupted one)."""
+        if len(self.contexts) == 1:
+            return self.contexts[0]
+        draw = random.Random(f"{self._context_seed}-{self.training_step_index}")
+        return draw.choices(self.contexts, weights=self.context_probs)[0]
+
+    def _allowed(self, mask: torch.Tensor) -> torch.Tensor | None:
+        """(B, 1, T, T) keys each query may attend to under the limited context (None: unlimited): valid keys in
+        the context, and each frame itself, so that a padded frame with no valid key in its context attends to
+        something (softmax over nothing is NaN, which padding would carry on through the convolutions)."""
+        if not self.limited_context:
+            return None
+        context = self.training_context() if self.training else self.context
+        frames = torch.arange(mask.shape[1], device=mask.device)
+        allowed = context_allowed(frames, frames, context, self.context_style)[None] & mask[:, None, :]  # (B, T, T)
+        return (allowed | torch.eye(mask.shape[1], dtype=torch.bool, device=mask.device))[:, None]
 
     def output_lengths(self, lengths: torch.Tensor) -> torch.Tensor:
         """The output frames of utterances of ``lengths`` feature frames (the temporal U-Net keeps them)."""
@@ -469,6 +548,7 @@ class ConformerEncoder(torch.nn.Module):
         pad_mask = ~mask
         positions = relative_positions(x.shape[1], x.shape[2], x.device)  # once for all layers (of a frame rate)
         full, full_pad = mask, pad_mask  # the output's frame mask
+        allowed = self._allowed(mask)
         recompute = self.activation_checkpointing and self.training and torch.is_grad_enabled()
         for index, layer in enumerate(self.layers):
             if self.reduced and index == self.reduced.start:
@@ -479,11 +559,11 @@ class ConformerEncoder(torch.nn.Module):
                 positions = relative_positions(x.shape[1], x.shape[2], x.device)
             if recompute:
                 x = torch.utils.checkpoint.checkpoint(
-                    self._run_layer, layer, x, mask, positions, pad_mask, use_reentrant=False,
+                    self._run_layer, layer, x, mask, positions, pad_mask, allowed, use_reentrant=False,
                     context_fn=_checkpoint_contexts,
                 )  # fmt: skip
             else:
-                x = self._run_layer(layer, x, mask, positions, pad_mask)
+                x = self._run_layer(layer, x, mask, positions, pad_mask, allowed)
             if index in capture:
                 hidden = x * mask[:, :, None]
                 if condition is not None:

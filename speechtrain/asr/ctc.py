@@ -116,6 +116,7 @@ class CTCModel(SpeechModel):
         # The base of every weight's initialisation stream: drawn once from the seeded global stream, so it is
         # the same on every rank and the same for every parallel layout.
         self._init_seed = int(torch.randint(0, 2**30, ()).item())
+        self._forwards = 0  # training forwards outside a trainer (the step number, for the attention context draw)
         self.encoder: torch.nn.Module | None = None
         self._pending_init: tuple[Any, list[str] | None, list[str] | None] | None = None
         self._skips = SkipTally()
@@ -585,6 +586,12 @@ class ConformerCTCModel(CTCModel):
             OmegaConf.to_object(self.cfg.encoder).reduced_layers()
         except ValueError as error:
             raise ConfigError(f"model.{error} Turn it off with {' '.join(UNET_OFF)}.") from None
+        try:
+            encoder = OmegaConf.to_object(self.cfg.encoder)
+            encoder.context_sizes()
+            encoder.conv_padding()
+        except ValueError as error:
+            raise ConfigError(f"model.{error}") from None
 
     def build_layers(self) -> None:
         super().build_layers()
@@ -596,6 +603,10 @@ class ConformerCTCModel(CTCModel):
         """Features -> encoder output, lengths and the captured layers' outputs (self-conditioned if asked)."""
         feats, lengths = self.features(audio, audio_lens)
         condition = self._condition if self.cfg.interctc.self_conditioning else None
+        if self.training:  # the limited attention context of this step is drawn from its number (a host integer)
+            trainer = self._trainer
+            self.encoder.training_step_index = trainer.global_step if trainer is not None else self._forwards
+            self._forwards += 1
         return self.encoder.forward_with_layers(feats, lengths, capture, condition)
 
     def _condition(self, hidden: torch.Tensor) -> torch.Tensor:

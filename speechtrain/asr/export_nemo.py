@@ -28,7 +28,9 @@ from typing import Any
 
 import torch
 import yaml
+from omegaconf import OmegaConf
 
+from speechtrain.asr.conformer import ConformerConfig
 from speechtrain.asr.nemo_import import NEMO_CONFIG, NEMO_WEIGHTS, name_pairs
 from speechtrain.common.config import to_plain, with_env_interpolations
 from speechtrain.common.tokenizers import SentencePieceTokenizer
@@ -255,6 +257,13 @@ def write_nemo(model: Any, path: str | Path) -> Path:
         raise ValueError(f"{path}: this {name}'s encoder runs layers on half the frames (model.encoder."
                          "time_reduce_idx), which NeMo's Conformer encoder does not; export it as a .stm "
                          "archive.")  # fmt: skip
+    streaming_features = model.cfg.preprocessor.get("normalize") == "none"
+    encoder = ConformerConfig(**OmegaConf.to_container(model.cfg.encoder))
+    before, after = encoder.conv_padding()
+    if encoder.limited_context() or encoder.causal_downsampling or before != after or streaming_features:
+        raise ValueError(f"{path}: this {name} is a streaming model (limited attention context, causal convolutions "
+                         "or subsampling, or unnormalised features), which the .nemo export does not write yet; "
+                         "export it as a .stm archive.")  # fmt: skip
     if "loss" in model.cfg:
         pred, joint = model.cfg.prediction, model.cfg.joint
         if pred.context_size or joint.frame_stack != 1 or joint.activation not in ("relu", "tanh", "sigmoid"):

@@ -15,6 +15,7 @@ import math
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 import torchaudio
 
 KINDS = ("torchaudio", "nemo")
@@ -34,6 +35,9 @@ class PreprocessorConfig:
         preemph: pre-emphasis coefficient (``nemo`` only; 0 turns it off).
         pad_to: pad the feature frames to a multiple of this (``nemo`` only; 0: no padding). Padded frames are
             zero and never change valid outputs.
+        normalize: ``per_feature`` (each mel band of each utterance to zero mean, unit deviation over its frames) or
+            ``none`` (the log-mel values as they are). Streaming models need ``none``: per-utterance statistics
+            are not known until the utterance ends.
     """
 
     n_mels: int = 80
@@ -44,10 +48,16 @@ class PreprocessorConfig:
     kind: str = "torchaudio"
     preemph: float = 0.97
     pad_to: int = 0
+    normalize: str = "per_feature"
+
+
+NORMALIZE = ("per_feature", "none")
 
 
 def build_preprocessor(cfg: PreprocessorConfig, sample_rate: int) -> torch.nn.Module:
     """The front-end that ``cfg.kind`` names."""
+    if cfg.normalize not in NORMALIZE:
+        raise ValueError(f"preprocessor.normalize must be one of {', '.join(NORMALIZE)}, got {cfg.normalize!r}.")
     if cfg.kind == "nemo":
         return NemoMelFeatures(cfg, sample_rate)
     if cfg.kind == "torchaudio":
@@ -68,7 +78,9 @@ class LogMelFeatures(torch.nn.Module):
     def __init__(self, cfg: PreprocessorConfig, sample_rate: int) -> None:
         super().__init__()
         self.hop = int(round(cfg.window_stride * sample_rate))
+        self.n_fft = cfg.n_fft
         self.dither = cfg.dither
+        self.normalize = cfg.normalize
         self.mel = torchaudio.transforms.MelSpectrogram(
             sample_rate=sample_rate,
             n_fft=cfg.n_fft,
@@ -97,16 +109,32 @@ class LogMelFeatures(torch.nn.Module):
             audio = audio.float()
             if self.training and self.dither > 0:
                 audio = audio + self.dither * torch.randn_like(audio)
-            feats = torch.log(self.mel(audio) + 2.0**-24)  # (B, n_mels, F)
+            # Centred windows: half a window of zeros on each side, then uncentred frames (what streaming computes).
+            feats = self.log_mel_frames(F.pad(audio, (self.n_fft // 2, self.n_fft // 2)))  # (B, n_mels, F)
             lengths = self.frame_lengths(audio_lens)
-            feats = _normalise_valid_frames(feats, lengths)
+            feats = _normalise_valid_frames(feats, lengths, self.normalize)
         return feats, lengths
 
+    def emphasis(self, audio: torch.Tensor, previous: torch.Tensor) -> torch.Tensor:
+        """No pre-emphasis here: ``audio`` as it is (``previous``, the sample before it, is not needed)."""
+        return audio
 
-def _normalise_valid_frames(feats: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-    """Each band of each utterance to zero mean, unit (unbiased) deviation + 1e-5 over its valid frames; padded
-    frames zeroed. feats (B, n_mels, F), lengths (B,)."""
+    def log_mel_frames(self, audio: torch.Tensor) -> torch.Tensor:
+        """Log-mel frames of (B, N) samples, one per hop of windows that fit whole: (B, n_mels, (N - n_fft) // hop +
+        1), fp32, not normalised. The offline features are those of the audio with ``n_fft // 2`` zeros each side."""
+        spec = torchaudio.functional.spectrogram(
+            audio.float(), 0, self.mel.spectrogram.window, self.n_fft, self.hop, self.mel.spectrogram.win_length,
+            power=2.0, normalized=False, center=False,
+        )  # fmt: skip
+        return torch.log(self.mel.mel_scale(spec) + 2.0**-24)
+
+
+def _normalise_valid_frames(feats: torch.Tensor, lengths: torch.Tensor, normalize: str) -> torch.Tensor:
+    """Each band of each utterance to zero mean, unit (unbiased) deviation + 1e-5 over its valid frames (``normalize``
+    ``per_feature``; ``none`` leaves them); padded frames zeroed. feats (B, n_mels, F), lengths (B,)."""
     mask = (torch.arange(feats.shape[-1], device=feats.device)[None, :] < lengths[:, None])[:, None, :]  # (B, 1, F)
+    if normalize == "none":
+        return feats * mask
     count = lengths[:, None, None].clamp(min=1)
     mean = (feats * mask).sum(-1, keepdim=True) / count
     var = (((feats - mean) * mask) ** 2).sum(-1, keepdim=True) / (count - 1).clamp(min=1)
@@ -133,7 +161,7 @@ class NemoMelFeatures(torch.nn.Module):
         if self.win_length > self.n_fft:
             raise ValueError(f"preprocessor: window_size={cfg.window_size} s is {self.win_length} samples, more than "
                              f"n_fft={self.n_fft}.")  # fmt: skip
-        self.dither, self.preemph, self.pad_to = cfg.dither, cfg.preemph, cfg.pad_to
+        self.dither, self.preemph, self.pad_to, self.normalize = cfg.dither, cfg.preemph, cfg.pad_to, cfg.normalize
         self.register_buffer("window", torch.hann_window(self.win_length, periodic=False))
         fb = torchaudio.functional.melscale_fbanks(
             self.n_fft // 2 + 1, 0.0, sample_rate / 2, cfg.n_mels, sample_rate, norm="slaney", mel_scale="slaney"
@@ -152,13 +180,26 @@ class NemoMelFeatures(torch.nn.Module):
                 audio = audio + self.dither * torch.randn_like(audio)
             if self.preemph:
                 valid = torch.arange(audio.shape[1], device=audio.device)[None, :] < audio_lens[:, None]
-                audio = torch.cat([audio[:, :1], audio[:, 1:] - self.preemph * audio[:, :-1]], dim=1) * valid
-            spec = torch.stft(audio, self.n_fft, self.hop, self.win_length, self.window, center=True,
-                              pad_mode="constant", return_complex=True)  # fmt: skip
-            power = torch.view_as_real(spec).pow(2).sum(-1).sqrt().pow(2)  # (B, n_freqs, F), as NeMo rounds it
-            feats = torch.log(torch.matmul(self.fb, power) + 2.0**-24)  # (B, n_mels, F)
+                audio = self.emphasis(audio, torch.zeros_like(audio[:, :1])) * valid
+            # Centred windows: half a window of zeros on each side, then uncentred frames (what streaming computes).
+            feats = self.log_mel_frames(F.pad(audio, (self.n_fft // 2, self.n_fft // 2)))  # (B, n_mels, F)
             lengths = self.frame_lengths(audio_lens)
-            feats = _normalise_valid_frames(feats, lengths)
+            feats = _normalise_valid_frames(feats, lengths, self.normalize)
             if self.pad_to > 0 and feats.shape[-1] % self.pad_to:
                 feats = torch.nn.functional.pad(feats, (0, self.pad_to - feats.shape[-1] % self.pad_to))
         return feats, lengths
+
+    def emphasis(self, audio: torch.Tensor, previous: torch.Tensor) -> torch.Tensor:
+        """Pre-emphasis of (B, N) samples, ``previous`` (B, 1) the sample before them (zeros at the start of an
+        utterance: NeMo keeps the first sample unchanged)."""
+        if not self.preemph:
+            return audio
+        return audio - self.preemph * torch.cat([previous, audio[:, :-1]], dim=1)
+
+    def log_mel_frames(self, audio: torch.Tensor) -> torch.Tensor:
+        """Log-mel frames of (B, N) pre-emphasised samples, one per hop of windows that fit whole: (B, n_mels,
+        (N - n_fft) // hop + 1), fp32, not normalised."""
+        spec = torch.stft(audio.float(), self.n_fft, self.hop, self.win_length, self.window, center=False,
+                          return_complex=True)  # fmt: skip
+        power = torch.view_as_real(spec).pow(2).sum(-1).sqrt().pow(2)  # (B, n_freqs, F), as NeMo rounds it
+        return torch.log(torch.matmul(self.fb, power) + 2.0**-24)  # (B, n_mels, F)

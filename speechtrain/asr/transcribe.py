@@ -4,6 +4,7 @@
         [output=preds.json] [batch_duration=300] [batch_size=null] [device=auto|cpu|cuda] [precision=32|bf16] \\
         [decoding=greedy|beam] [lm_path=lm.arpa] [beam_size=16] [lm_weight=1.0] [word_score=0.0] \\
         [decoder_type=transducer|ctc] [chunk_len=30] [chunk_overlap=4] [timestamps=false] [wer.lowercase=true ...]
+        [streaming=true [chunk=2] [att_context_size=[70,1]]]
 
 Decoding follows the model's ``decoding`` config (the demo's archives: beam search with the word 3-gram LM fitted
 on their training transcripts); the decoding keys override it for this run.
@@ -18,6 +19,10 @@ transcription, model loading excluded).
 Files longer than ``chunk_len + chunk_overlap`` seconds (any length: a 1-hour file in bounded memory) are
 transcribed in chunks with overlapping context by :mod:`speechtrain.asr.long_audio`; ``timestamps=true`` adds
 ``words: [{"word", "start", "end"}, ...]`` (seconds, from the CTC alignment) to every row.
+
+``streaming=true`` runs a cache-aware streaming model (:mod:`speechtrain.asr.streaming`) as a live client would:
+each file is fed ``chunk`` encoder frames of audio at a time, one file after another, greedy decoding; the final
+hypotheses equal the offline greedy ones (``decoding=greedy``) of the same model and context.
 """
 
 import contextlib
@@ -79,6 +84,9 @@ class TranscribeConfig:
         timestamps: add word start and end times to each row (CTC alignment).
         wer: normalisation before WER/CER (``wer.lowercase=true wer.remove_punctuation=true wer.numbers=true``);
             None: the model's ``wer`` config. The choice is printed with the WER.
+        streaming: transcribe chunk by chunk with the encoder's caches (a streaming model; greedy).
+        chunk: streaming: encoder frames per step (None: one attention chunk, ``right + 1``).
+        att_context_size: streaming: which trained ``[left, right]`` context to run (None: the model's first).
     """
 
     model_path: str | None = None
@@ -98,6 +106,9 @@ class TranscribeConfig:
     chunk_overlap: float = 4.0
     timestamps: bool = False
     wer: WerConfig | None = None
+    streaming: bool = False
+    chunk: int | None = None
+    att_context_size: list[int] | None = None
 
     def decoding_overrides(self) -> dict[str, Any]:
         """The ``model.decoding`` keys this run sets."""
@@ -334,6 +345,38 @@ def _transcribe_long(model: Any, row: dict[str, Any], chunk_len: float, overlap:
         row["words"] = out.words
 
 
+def transcribe_streaming(
+    model: Any,
+    inputs: str | os.PathLike | Sequence[str | os.PathLike | Mapping[str, Any]],
+    chunk: int | None = None,
+    att_context_size: list[int] | None = None,
+) -> list[dict[str, Any]]:
+    """Transcribe each input with :class:`~speechtrain.asr.streaming.StreamingTranscriber`, feeding ``chunk``
+    encoder frames' worth of samples per call (rows as :func:`transcribe_paths`; ``partials``: how many times the
+    partial hypothesis changed)."""
+    from speechtrain.asr.streaming import StreamingTranscriber
+
+    StreamingTranscriber(model, att_context_size, chunk)  # a model that cannot stream stops here, before any work
+    rows = _as_rows(inputs)
+    rate = model.cfg.sample_rate
+    for row in rows:
+        row["pred_text"] = None
+        try:
+            audio = _load_segment(row, rate)
+            row.setdefault("duration", len(audio) / rate)
+            stream = StreamingTranscriber(model, att_context_size, chunk)
+            step = stream.encoder.chunk * stream.encoder.factor * model.preprocessor.hop
+            partial, changes = "", 0
+            for start in range(0, len(audio), step):
+                text = stream.push(audio[start : start + step])
+                changes, partial = changes + (text != partial), text
+            row["pred_text"] = stream.finish()
+            row["partials"] = changes + (row["pred_text"] != partial)
+        except Exception as error:  # one bad file must not stop the run: it is reported in its row
+            row["error"] = _error_text(error)
+    return rows
+
+
 # ---------------------------------------------------------------------------------------------------------- CLI
 def summarize(
     rows: Sequence[Mapping[str, Any]], seconds: float, normalizer: metrics.TextNormalizer | None = None
@@ -389,6 +432,10 @@ def parse_args(argv: Sequence[str]) -> TranscribeConfig:
         if getattr(cfg, key) is not None and getattr(cfg, key) not in choices:
             raise ConfigError(f"{key}={getattr(cfg, key)}: expected one of {', '.join(choices)}.")
     _check_limits(cfg.batch_duration, cfg.batch_size)
+    if not cfg.streaming and (cfg.chunk is not None or cfg.att_context_size is not None):
+        raise ConfigError("chunk and att_context_size are streaming options: add streaming=true.")
+    if cfg.streaming and cfg.timestamps:
+        raise ConfigError("streaming=true gives no timestamps; leave timestamps=false.")
     if cfg.device == "cuda" and not torch.cuda.is_available():
         raise ConfigError("device=cuda, but CUDA is not available; use device=cpu or device=auto.")
     return cfg
@@ -431,8 +478,14 @@ def main(argv: Sequence[str] | None = None) -> None:
         model.cfg.decoder_type = cfg.decoder_type
 
     start = time.perf_counter()
-    rows = transcribe_paths(model, rows, cfg.batch_duration, cfg.batch_size, cfg.precision, cfg.chunk_len,
-                            cfg.chunk_overlap, cfg.timestamps)  # fmt: skip
+    if cfg.streaming:
+        try:
+            rows = transcribe_streaming(model, rows, cfg.chunk, cfg.att_context_size)
+        except ValueError as e:  # not a streaming model, or a chunk / context it cannot run
+            fail(str(e))
+    else:
+        rows = transcribe_paths(model, rows, cfg.batch_duration, cfg.batch_size, cfg.precision, cfg.chunk_len,
+                                cfg.chunk_overlap, cfg.timestamps)  # fmt: skip
     seconds = time.perf_counter() - start
 
     output = Path(cfg.output) if cfg.output else default_output(cfg.audio)

@@ -56,45 +56,90 @@ def greedy_batch(
         Per utterance ``{"ids", "starts", "ends"}`` (labels, and the frames each starts and ends on), and (B,)
         decoder steps (joint evaluations) taken per utterance.
     """
-    batch, frames, _ = enc.shape
-    device = enc.device
-    enc_proj = joint.enc_proj(enc)  # (B, T, J)
-    rows = torch.arange(batch, device=device)
-    t = torch.zeros(batch, dtype=torch.long, device=device)
-    on_frame = torch.zeros(batch, dtype=torch.long, device=device)  # labels emitted on the current frame
-    steps = torch.zeros(batch, dtype=torch.long, device=device)
-    duration_values = torch.tensor(durations or [0, 1], device=device)
-    pred_out, state = prediction.step(torch.full((batch,), blank, dtype=torch.long, device=device), None)
-    pred_proj = joint.pred_proj(pred_out)
-    records = []
-    active = t < lengths
-    while bool(active.any()):
-        logits = joint(enc_proj[rows, t.clamp(max=frames - 1)], pred_proj)  # (B, V+1[+D])
-        token = logits[:, : blank + 1].argmax(-1)
-        is_label = (token != blank) & active
-        if durations is not None:
-            advance = duration_values[logits[:, blank + 1 :].argmax(-1)]
-            advance = torch.where(token == blank, advance.clamp(min=1), advance)
-        else:
-            advance = (token == blank).long()
-        on_frame = torch.where(is_label, on_frame + 1, on_frame)
-        advance = torch.where(is_label & (advance == 0) & (on_frame >= max_symbols), 1, advance)
-        records.append(torch.stack([is_label.long(), token, t, t + advance.clamp(min=1)]))
-        steps += active.long()
-        t = torch.where(active, t + advance, t)
-        on_frame = torch.where(advance > 0, 0, on_frame)
-        new_out, new_state = prediction.step(torch.where(is_label, token, blank), state)
-        state = _select_state(is_label, new_state, state)
-        pred_proj = torch.where(is_label[:, None], joint.pred_proj(new_out), pred_proj)
-        active = t < lengths
-    hyps: list[dict[str, list[int]]] = [{"ids": [], "starts": [], "ends": []} for _ in range(batch)]
-    if records:
-        table = torch.stack(records).cpu()  # (steps, 4, B): one host transfer for the whole decode
-        for b in range(batch):
-            emitted = table[:, 0, b].bool()
-            hyps[b] = {"ids": table[emitted, 1, b].tolist(), "starts": table[emitted, 2, b].tolist(),
-                       "ends": table[emitted, 3, b].tolist()}  # fmt: skip
-    return hyps, steps.cpu()
+    search = GreedyLabelLooping(prediction, joint, enc.shape[0], blank, durations, max_symbols, enc.device)
+    search.extend(enc)
+    search.run(lengths)
+    return search.hypotheses(), search.steps.cpu()
+
+
+class GreedyLabelLooping:
+    """The state of batched greedy decoding (see the module docstring), fed encoder frames as they come: offline,
+    all at once (:func:`greedy_batch`); streaming, chunk by chunk, each :meth:`run` stopping where the frames known
+    so far end and the next one going on from there, step for step as one run over all frames would.
+
+    Args:
+        prediction, joint, blank, durations, max_symbols: as :func:`greedy_batch`.
+        batch: utterances.
+        device: where the decoding state lives.
+    """
+
+    def __init__(self, prediction: Any, joint: Any, batch: int, blank: int, durations: list[int] | None,
+                 max_symbols: int, device: torch.device) -> None:  # fmt: skip
+        self.prediction, self.joint, self.blank, self.durations = prediction, joint, blank, durations
+        self.max_symbols = max_symbols
+        self.rows = torch.arange(batch, device=device)
+        self.t = torch.zeros(batch, dtype=torch.long, device=device)
+        self.on_frame = torch.zeros(batch, dtype=torch.long, device=device)  # labels emitted on the current frame
+        self.steps = torch.zeros(batch, dtype=torch.long, device=device)
+        self.duration_values = torch.tensor(durations or [0, 1], device=device)
+        pred_out, self.state = prediction.step(torch.full((batch,), blank, dtype=torch.long, device=device), None)
+        self.pred_proj = joint.pred_proj(pred_out)
+        self.enc_proj: torch.Tensor | None = None  # (B, T, J): the frames from ``base`` on
+        self.base = 0
+        self.results: list[dict[str, list[int]]] = [{"ids": [], "starts": [], "ends": []} for _ in range(batch)]
+
+    @torch.no_grad()
+    def extend(self, enc: torch.Tensor) -> None:
+        """Append encoder (joint-input) frames (B, T, D)."""
+        proj = self.joint.enc_proj(enc)
+        self.enc_proj = proj if self.enc_proj is None else torch.cat([self.enc_proj, proj], dim=1)
+
+    @torch.no_grad()
+    def run(self, limit: torch.Tensor | int) -> None:
+        """Decode until every utterance's frame pointer reaches ``limit`` ((B,) or one number: its valid frames, or
+        those known so far)."""
+        if self.enc_proj is None:
+            return
+        blank, joint, enc_proj, frames = self.blank, self.joint, self.enc_proj, self.enc_proj.shape[1]
+        t, on_frame, pred_proj, state = self.t, self.on_frame, self.pred_proj, self.state
+        records = []
+        active = t < limit
+        while bool(active.any()):
+            logits = joint(enc_proj[self.rows, (t - self.base).clamp(max=frames - 1)], pred_proj)  # (B, V+1[+D])
+            token = logits[:, : blank + 1].argmax(-1)
+            is_label = (token != blank) & active
+            if self.durations is not None:
+                advance = self.duration_values[logits[:, blank + 1 :].argmax(-1)]
+                advance = torch.where(token == blank, advance.clamp(min=1), advance)
+            else:
+                advance = (token == blank).long()
+            on_frame = torch.where(is_label, on_frame + 1, on_frame)
+            advance = torch.where(is_label & (advance == 0) & (on_frame >= self.max_symbols), 1, advance)
+            records.append(torch.stack([is_label.long(), token, t, t + advance.clamp(min=1)]))
+            self.steps += active.long()
+            t = torch.where(active, t + advance, t)
+            on_frame = torch.where(advance > 0, 0, on_frame)
+            new_out, new_state = self.prediction.step(torch.where(is_label, token, blank), state)
+            state = _select_state(is_label, new_state, state)
+            pred_proj = torch.where(is_label[:, None], joint.pred_proj(new_out), pred_proj)
+            active = t < limit
+        self.t, self.on_frame, self.pred_proj, self.state = t, on_frame, pred_proj, state
+        if records:
+            table = torch.stack(records).cpu()  # (steps, 4, B): one host transfer per run
+            for b, result in enumerate(self.results):
+                emitted = table[:, 0, b].bool()
+                for key, row in (("ids", 1), ("starts", 2), ("ends", 3)):
+                    result[key] += table[emitted, row, b].tolist()
+
+    def forget_decoded_frames(self) -> None:
+        """Drop the frames every utterance's pointer has passed (streaming: memory bounded by the chunk)."""
+        if self.enc_proj is not None:
+            keep = min(int(self.t.min()), self.base + self.enc_proj.shape[1])
+            self.enc_proj, self.base = self.enc_proj[:, keep - self.base :], keep
+
+    def hypotheses(self) -> list[dict[str, list[int]]]:
+        """Per utterance ``{"ids", "starts", "ends"}`` so far."""
+        return self.results
 
 
 def word_timestamps(

@@ -20,26 +20,30 @@ def _model_parallel_rng():  # noqa: ANN202
     return model_parallel_rng()
 
 
-def relative_positions(length: int, d_model: int, device: torch.device | None = None) -> torch.Tensor:
-    """Sinusoidal encodings of the relative distances ``length - 1, ..., 0, ..., -(length - 1)``: (2T-1, D)."""
-    distances = torch.arange(length - 1, -length, -1, device=device, dtype=torch.float32)[:, None]  # (2T-1, 1)
+def relative_positions(length: int, d_model: int, device: torch.device | None = None, past: int = 0) -> torch.Tensor:
+    """Sinusoidal encodings of the relative distances ``past + length - 1, ..., 0, ..., -(length - 1)``:
+    (past + 2T-1, D); ``past``: keys before the T queries (a streaming cache), whose distances come first."""
+    distances = torch.arange(past + length - 1, -length, -1, device=device, dtype=torch.float32)[:, None]
     frequencies = torch.exp(torch.arange(0, d_model, 2, device=device) * (-math.log(10000.0) / d_model))
-    encoding = torch.zeros(2 * length - 1, d_model, device=device)
+    encoding = torch.zeros(distances.shape[0], d_model, device=device)
     encoding[:, 0::2] = torch.sin(distances * frequencies)
     encoding[:, 1::2] = torch.cos(distances * frequencies)
     return encoding
 
 
 def _relative_shift(scores: torch.Tensor) -> torch.Tensor:
-    """(..., T, 2T-1) scores against distances ``T-1 .. -(T-1)`` -> (..., T, T) scores of key j for query i.
+    """(..., T, K+T-1) scores against distances ``K-1 .. -(T-1)`` -> (..., T, K) scores of key j for query i, the
+    queries being the last T of the K keys (K = T without a streaming cache).
 
-    Query i's distance to key j, ``i - j``, sits in column ``T-1 - i + j``: row i of the result starts ``T-1 - i``
-    columns in, which is a strided view (row stride ``2T-2``) of the contiguous scores: no copy, no padding.
+    Query i's distance to key j, ``K-T + i - j``, sits in column ``T-1 - i + j``: row i of the result starts
+    ``T-1 - i`` columns in, which is a strided view (row stride ``K+T-2``) of the contiguous scores: no copy, no
+    padding.
     """
     *lead, time, positions = scores.shape
     scores = scores.contiguous()
     stride = scores.stride()
-    return scores.as_strided((*lead, time, time), (*stride[:-2], positions - 1, 1), scores.storage_offset() + time - 1)
+    keys = positions - time + 1
+    return scores.as_strided((*lead, time, keys), (*stride[:-2], positions - 1, 1), scores.storage_offset() + time - 1)
 
 
 def _fused_kernel_takes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor, dropout: float) -> bool:
@@ -128,18 +132,19 @@ class MultiHeadAttention(torch.nn.Module):
                     bias.tensor_model_parallel, bias.partition_dim, bias.partition_stride = True, 0, 1
 
     def _position_bias(self, q: torch.Tensor, positions: torch.Tensor | None) -> torch.Tensor:
-        """(B, h, T, T) position scores ``(q + v) . p_(i-j)``, scaled, to add to the content scores (a view). q:
-        (B, T, h, d); positions: the (2T-1, D) encodings of :func:`relative_positions` (computed here when None)."""
+        """(B, h, T, K) position scores ``(q + v) . p_(i-j)``, scaled, to add to the content scores (a view). q:
+        (B, T, h, d); positions: the (K+T-1, D) encodings of :func:`relative_positions` (computed here when None:
+        K = T)."""
         batch, time = q.shape[:2]
         if positions is None:
             positions = relative_positions(time, self.d_model, q.device)
-        p = self.position(positions.to(q.dtype))  # (2T-1, h*d)
-        p = p.view(2 * time - 1, self.local_heads, self.head_dim).permute(1, 2, 0)  # (2T-1, h, d) -> (h, d, 2T-1)
+        p = self.position(positions.to(q.dtype))  # (P, h*d), P = K+T-1
+        p = p.view(p.shape[0], self.local_heads, self.head_dim).permute(1, 2, 0)  # (P, h, d) -> (h, d, P)
         qv = (q + self.pos_bias_v).mul_(1.0 / math.sqrt(self.head_dim))  # (B, T, h, d)
         # One batched product per head over all B x T queries: (B, T, h, d) -> (h, B*T, d) is a view, where a
         # product of (B, h, T, d) with (h, d, 2T-1) would first copy p out to every utterance.
         scores = torch.bmm(qv.view(batch * time, self.local_heads, self.head_dim).transpose(0, 1), p)
-        shifted = _relative_shift(scores.view(self.local_heads, batch, time, 2 * time - 1))  # (h, B, T, T)
+        shifted = _relative_shift(scores.view(self.local_heads, batch, time, p.shape[2]))  # (h, B, T, K)
         return shifted.permute(1, 0, 2, 3)
 
     def _projections(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -170,6 +175,8 @@ class MultiHeadAttention(torch.nn.Module):
         causal: bool = False,
         cache: dict[str, torch.Tensor] | None = None,
         positions: torch.Tensor | None = None,
+        allowed: torch.Tensor | None = None,
+        memory: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Attend.
 
@@ -180,13 +187,24 @@ class MultiHeadAttention(torch.nn.Module):
             cache: incremental decoding (causal, absolute positions only): the keys and values of earlier
                 positions, read from and appended to this dict (``k``, ``v``: (B, h, T_past, d)).
             positions: relative-position attention: the (2T-1, D) :func:`relative_positions` encodings, computed once
-                per forward by the caller for all its layers (computed here when None).
+                per forward by the caller for all its layers (computed here when None); with ``memory`` of M frames,
+                those of ``past=M``.
+            allowed: bool, broadcastable to (B, h, T, K), True where query i may attend to key j (limited context);
+                combined with ``pad_mask``. Every query must be allowed a key.
+            memory: (B, M, D) inputs of M frames before ``x`` that are keys and values but not queries (a streaming
+                cache; no ``pad_mask`` then); K = M + T keys.
 
         Returns:
             (B, T, D), identical on all tensor-parallel ranks.
         """
         batch, time, _ = x.shape
-        q, k, v = self._projections(x)  # (B, T, h, d) each
+        if memory is None:
+            q, k, v = self._projections(x)  # (B, T, h, d) each
+        else:
+            if pad_mask is not None:
+                raise ValueError("Attention over a memory takes no pad_mask: mask with allowed.")
+            q, k, v = self._projections(torch.cat([memory, x], dim=1))  # (B, K, h, d); the memory asks nothing
+            q = q[:, memory.shape[1] :]
         if cache is not None:
             if self.relative_positions or not causal or pad_mask is not None:
                 raise ValueError("A key/value cache needs causal attention without relative positions or padding.")
@@ -201,14 +219,18 @@ class MultiHeadAttention(torch.nn.Module):
             # The position term is an additive bias of the fused kernel, which adds the content term (q + u) . k_j
             # itself; padded keys get -inf in the same bias.
             mask = self._position_bias(q, positions)
+            if allowed is not None:
+                mask = mask.masked_fill(~allowed, float("-inf"))
             q = q + self.pos_bias_u
         else:
             mask = None if pad_mask is None else ~pad_mask[:, None, None, :]  # (B, 1, 1, T): True = may attend
             if causal:
                 past = k.shape[1] - time
                 keys = torch.arange(k.shape[1], device=x.device)
-                allowed = keys[None, :] <= keys[past:, None]  # (T, T_past + T): query i sees keys up to past + i
-                mask = allowed[None, None] if mask is None else mask & allowed[None, None]
+                earlier = keys[None, :] <= keys[past:, None]  # (T, T_past + T): query i sees keys up to past + i
+                mask = earlier[None, None] if mask is None else mask & earlier[None, None]
+            if allowed is not None:
+                mask = allowed if mask is None else mask & allowed
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, T, h, d) -> (B, h, T, d): views
         with rng:
             if self.relative_positions and not _fused_kernel_takes(q, k, v, mask, dropout):

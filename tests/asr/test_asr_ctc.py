@@ -70,6 +70,11 @@ def test_sizes_fill_the_encoder_and_explicit_keys_win():
 def _another_value(value, key=""):
     if key.startswith("time_re"):  # a layer index of the temporal U-Net: the next layer (still a valid span)
         return value + 1 if value >= 0 else value
+    # The streaming keys: values valid beside every size (a limited context would clash with the demo's U-Net).
+    streaming = {"att_context_size": [[-1, -1]], "att_context_probs": [1.0], "conv_context_size": "causal",
+                 "att_context_style": "regular"}  # fmt: skip
+    if key in streaming:
+        return streaming[key]
     alternatives = {"batch_norm": "layer_norm", "layer_norm": "batch_norm", "striding": "dw_striding",
                     "dw_striding": "striding"}  # fmt: skip
     if isinstance(value, bool):
