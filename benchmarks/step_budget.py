@@ -7,9 +7,10 @@ the CPU with real processes (gloo) exactly as they would be made on GPUs (:mod:`
 
 Each run is a tiny model of the family on the generated DTMF corpus through the bridge (Megatron's DDP and
 optimizer), with a wall-clock limit as every recipe sets one, for ``--steps`` optimizer steps; the first ``--skip``
-steps are left out. The ASR families use the recipes themselves (``asr_train``, ``asr_train_hybrid``) at
-``model.size=debug``. Prints per family: syncs per step and where they are made, collectives per step (and whether
-every rank ran the same ones in every step), and operators per step.
+steps are left out. The ASR families use the recipes themselves (``asr_train``, ``asr_train_hybrid``,
+``asr_train_streaming`` with ``--family streaming``) at ``model.size=debug``. Prints per family: syncs per step
+and where they are made, collectives per step (and whether every rank ran the same ones in every step), and
+operators per step.
 """
 
 import argparse
@@ -20,7 +21,7 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-FAMILIES = ("ctc", "hybrid", "tts", "salm")
+FAMILIES = ("ctc", "hybrid", "streaming", "tts", "salm")
 LAYOUTS = [("ctc", 1), ("hybrid", 1), ("tts", 1), ("salm", 1), ("ctc", 2)]
 
 
@@ -75,8 +76,8 @@ def run_one(family: str, tp: int, devices: int, steps: int, out: Path, accelerat
     recorder = Recorder()
     guards = [CudaSyncErrors()] if sync_errors else []
     strategy = {"tensor_model_parallel_size": tp}
-    if family in ("ctc", "hybrid"):
-        recipe = "asr_train" if family == "ctc" else "asr_train_hybrid"
+    if family in ("ctc", "hybrid", "streaming"):
+        recipe = {"ctc": "asr_train", "hybrid": "asr_train_hybrid", "streaming": "asr_train_streaming"}[family]
         layout = [f"trainer.devices={devices}", f"trainer.strategy.tensor_model_parallel_size={tp}",
                   f"trainer.accelerator={accelerator}"]  # fmt: skip
         if no_clip:  # no clipping, no non-finite guard: the norm only on logging steps (none in a short run)
@@ -146,7 +147,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--no-clip",
         action="store_true",
-        help="ctc, hybrid: no gradient clipping and no non-finite guard (no gradient norm to read)",
+        help="ctc, hybrid, streaming: no gradient clipping and no non-finite guard (no gradient norm to read)",
     )
     parser.add_argument("--run", choices=FAMILIES, help=argparse.SUPPRESS)  # one rank's job (internal)
     parser.add_argument("--out", help=argparse.SUPPRESS)

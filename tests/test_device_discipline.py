@@ -40,11 +40,18 @@ def test_the_recorder_sees_a_cpu_tensor_made_on_purpose():
     assert found.calls == ["speechtrain/lightning/megatron_parallel.py:1 torch.zeros"]
 
 
-def test_asr_training_and_validation_steps_make_every_tensor_on_a_device(tmp_path, dtmf_manifest):
+STREAMING = ("model.encoder.att_context_size=[[4,0],[4,1]]", "model.encoder.att_context_style=chunked_limited",
+             "model.encoder.conv_context_size=causal", "model.encoder.causal_downsampling=true",
+             "model.preprocessor.normalize=none")  # fmt: skip
+
+
+@pytest.mark.parametrize("encoder", [(), STREAMING], ids=["offline", "streaming"])
+def test_asr_training_and_validation_steps_make_every_tensor_on_a_device(tmp_path, dtmf_manifest, encoder):
     recorder = CallbackGroup.get_instance().register(_Recorder()) or CallbackGroup.get_instance().callbacks[-1]
     job = example_job(tmp_path, dtmf_manifest, "trainer.max_steps=3", "+trainer.val_check_interval=2",
                       "trainer.check_val_every_n_epoch=null", "trainer.limit_val_batches=1",
-                      "model.decoding.strategy=greedy", "exp_manager.create_checkpoint_callback=false")  # fmt: skip
+                      "model.decoding.strategy=greedy", "exp_manager.create_checkpoint_callback=false",
+                      *encoder)  # fmt: skip
     example_main()(job)
     assert recorder.calls == [], "\n".join(recorder.calls)
 

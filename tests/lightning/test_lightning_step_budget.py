@@ -106,7 +106,7 @@ def test_without_clipping_and_the_guard_a_step_never_waits_on_the_host():
 
 @pytest.mark.slow
 @pytest.mark.multiprocess
-@pytest.mark.parametrize(("family", "tp"), [("hybrid", 1), ("tts", 1), ("ctc", 2)])
+@pytest.mark.parametrize(("family", "tp"), [("hybrid", 1), ("streaming", 1), ("tts", 1), ("ctc", 2)])
 def test_the_other_families_and_tensor_parallelism_keep_the_budget(family, tp):
     from step_budget import measure
 
