@@ -276,7 +276,8 @@ class StreamingTranscriber:
 
     Args:
         model: a streamable model (:func:`check_streamable`), moved to its device; it is put in eval mode.
-        att_context_size: which of the trained contexts ``[left, right]`` to run (None: the first).
+        att_context_size: which of the trained contexts ``[left, right]`` to run (None: the encoder's current one);
+            it becomes the model's evaluation context too (:meth:`ConformerEncoder.set_context`).
         chunk: encoder frames per step (None: one attention chunk, ``right + 1``).
         decoder_type: ``ctc`` or ``transducer`` for a hybrid model (None: the model's ``decoder_type``).
     """
