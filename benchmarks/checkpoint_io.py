@@ -15,10 +15,11 @@ optimizer's state; what a resume does before training), right after it was writt
 ``--async``: how long training is held up by a ``torch_dist`` save, written synchronously and with
 ``trainer.strategy.async_save=true``, side by side (the two alternate, ``--repeats`` jobs each). Each job trains
 ``--steps`` steps and saves after step 2 from a callback, as ``ModelCheckpoint`` does; the time blocked is what the
-training loop spends in checkpoint calls on rank 0: the save call (sync: the whole write; async: planning, the fork
-of the writer, the run state) plus, async, the finalization (Megatron's index and SHA-256 hashes, the marker, the
-rename) at the first rank agreement after the writers are done (every 10 steps). The step after the save and a
-median step are timed too (on CPUs the writer competes with training for the cores).
+training loop spends in checkpoint calls on rank 0: the save call (sync: the whole write; async: the sharded state,
+planning, the fork of the writer, the run state) plus, async, the finalization (Megatron's index, the manifest merged
+from the writers' SHA-256 digests, the marker, the rename) at the first rank agreement after the writers are done
+(every 10 steps). The step after the save and a median step are timed too (on CPUs the writer competes with training
+for the cores).
 
 Models: ``demo_hybrid`` is ``examples/conf/asr_train_hybrid.yaml`` (``make demo``'s model, ``model.size=demo``) with
 AdamW in place of its Muon (Muon cannot run with the distributed optimizer); ``fastconformer_ctc_large`` is

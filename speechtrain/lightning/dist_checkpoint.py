@@ -25,6 +25,7 @@ tensor tied to its parameter's global tensor, so it reshards over TP and DP like
 """
 
 import ctypes
+import hashlib
 import json
 import logging
 import os
@@ -32,6 +33,7 @@ import pickle
 import signal
 import sys
 from collections.abc import Callable
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -137,43 +139,181 @@ def optimizer_sharded_state_dict(optimizer: Any, model_sharded: dict[str, Any], 
     cpu = next((p.device.type == "cpu" for p in module_parameters(optimizer)), True)
     metadata = {"distrib_optim_sharding_type": _DISTRIB_OPTIM_SHARDING,
                 "distrib_optim_fully_reshardable_mem_efficient": cpu}  # fmt: skip
-    return _mcore(optimizer).sharded_state_dict(model_sharded, is_loading=is_loading, metadata=metadata)
+    mcore = _mcore(optimizer)
+    inner = getattr(mcore, "chained_optimizers", [mcore])
+    if is_loading or len(inner) != 1 or not hasattr(inner[0], "sharded_param_state_fully_reshardable"):
+        return mcore.sharded_state_dict(model_sharded, is_loading=is_loading, metadata=metadata)
+    # The distributed optimizer's save as Megatron writes it in this form (its state_dict, the parameters' state),
+    # each rank describing its own parameters' state instead of Megatron's gather on DP rank 0.
+    state = inner[0].state_dict()
+    state["param_state"] = _owned_param_state(inner[0], model_sharded)
+    state["param_state_sharding_type"] = _DISTRIB_OPTIM_SHARDING
+    return state
+
+
+def _owned_param_state(optimizer: Any, model_sharded: dict[str, Any]) -> dict[int, dict[str, Any]]:
+    """The distributed optimizer's state in Megatron's "fully_reshardable" form (each state tensor shaped like its
+    parameter, tied to its global tensor, keyed ``optimizer.state.<state>.<parameter key>``), as Megatron writes it,
+    without gathering it on data-parallel rank 0 first: each rank describes the parameters whose state it holds
+    whole (its shard of the flat buffers), the few that straddle two ranks' shards are exchanged and written by the
+    rank holding their start. The checkpoint is the one Megatron's gather writes, and Megatron reads it back;
+    ``optimizer`` is one Megatron ``DistributedOptimizer``."""
+    from megatron.core.dist_checkpointing.dict_utils import nested_values
+    from megatron.core.dist_checkpointing.mapping import ShardedTensorFactory
+    from megatron.core.dist_checkpointing.utils import extract_sharded_tensors_and_factories
+
+    tensors, _ = extract_sharded_tensors_and_factories(model_sharded)
+    by_data = {sharded.data: sharded for sharded in nested_values(tensors)}
+    keys = ("param", *optimizer.optimizer_state_keys)
+    owned, pieces, order = {}, {}, {}
+    for gbuf_idx, gbuf_range_maps in enumerate(optimizer.gbuf_ranges):
+        local = {}
+        for bucket_maps in gbuf_range_maps.values():
+            for bucket in bucket_maps:
+                local.update(bucket["param_map"])
+        for param, (start, end, _) in optimizer.buffers[gbuf_idx].param_index_map.items():
+            order[(gbuf_idx, start)] = len(order)
+            if param not in local:
+                continue
+            states = optimizer._get_main_param_and_optimizer_states(param)
+            flat = {key: states[key].detach().reshape(-1).float() for key in keys}
+            part = local[param]["param"]
+            if part.size == end - start:
+                owned[(gbuf_idx, start)] = (param, flat)
+            else:
+                pieces[(gbuf_idx, start)] = (part.start, {key: tensor.cpu() for key, tensor in flat.items()})
+    # (every rank calls it, also with nothing that straddles: the save is a collective call)
+    everyone: list[Any] = [None] * torch.distributed.get_world_size(optimizer.data_parallel_group)
+    torch.distributed.all_gather_object(everyone, pieces, group=optimizer.data_parallel_group)
+    for ident, (first, _) in pieces.items():
+        if first == 0:  # this rank writes the straddling parameter
+            parts = sorted(rank_pieces[ident] for rank_pieces in everyone if ident in rank_pieces)
+            param = next(p for p, (s, _, _) in optimizer.buffers[ident[0]].param_index_map.items() if s == ident[1])
+            whole = {key: torch.cat([flat[key] for _, flat in parts]).to(param.device) for key in keys}
+            assert all(t.numel() == param.numel() for t in whole.values()), f"{ident}: pieces missing"
+            owned[ident] = (param, whole)
+    state: dict[int, dict[str, Any]] = {}
+    for ident, (param, flat) in owned.items():
+        sharded = by_data[param]
+        # (the replica id the parameter has on data-parallel rank 0: written by this rank, once over TP)
+        replica = (*sharded.replica_id[:-1], 0) if isinstance(sharded.replica_id, tuple) else sharded.replica_id
+        state[order[ident]] = {}
+        for key, tensor in flat.items():
+            fields = {"key": f"optimizer.state.{key}.{sharded.key}", "data": tensor.view(param.shape),
+                      "replica_id": replica}  # fmt: skip
+            if not isinstance(sharded, ShardedTensorFactory):
+                fields["dtype"] = tensor.dtype
+            state[order[ident]][key] = replace(sharded, **fields)
+            state[order[ident]][key].validate_metadata_integrity()
+    return dict(sorted(state.items()))
 
 
 # ------------------------------------------------------------------------------------------------------ save
-def _strategies(save: bool) -> Any:
-    """Megatron's ``torch_dist`` strategy, its work spread over the data-parallel replicas (fully parallel). Loading
-    is fully parallel under NCCL only: Megatron's exchange of the loaded shards between the replicas is written for
-    CUDA tensors; over gloo each rank reads its own shards itself."""
-    from megatron.core.dist_checkpointing.serialization import (
-        get_default_load_sharded_strategy,
-        get_default_save_sharded_strategy,
-    )
-    from megatron.core.dist_checkpointing.strategies.fully_parallel import (
-        FullyParallelLoadStrategyWrapper,
-        FullyParallelSaveStrategyWrapper,
-    )
+def _load_strategy() -> Any:
+    """Megatron's ``torch_dist`` load strategy, fully parallel under NCCL only: Megatron's exchange of the loaded
+    shards between the data-parallel replicas is written for CUDA tensors; over gloo each rank reads its own shards
+    itself."""
+    from megatron.core.dist_checkpointing.serialization import get_default_load_sharded_strategy
+    from megatron.core.dist_checkpointing.strategies.fully_parallel import FullyParallelLoadStrategyWrapper
 
-    group = parallel_state.data_parallel_group()
-    if save:
-        return FullyParallelSaveStrategyWrapper(get_default_save_sharded_strategy("torch_dist"), group)
     if torch.distributed.get_backend() != "nccl":
         return get_default_load_sharded_strategy()
-    return FullyParallelLoadStrategyWrapper(get_default_load_sharded_strategy(), group)
+    return FullyParallelLoadStrategyWrapper(get_default_load_sharded_strategy(), parallel_state.data_parallel_group())
 
 
-def _fsync_tree(folder: Path) -> dict[str, int]:
-    """fsync every file under ``folder`` and the folders themselves; each file's size by its relative path."""
+_saving: dict[str, Any] = {}  # this process's save strategy, its data-parallel group and the structure it planned
+
+
+def _save_strategy(state: dict[str, Any]) -> tuple[Any, bool]:
+    """Megatron's ``torch_dist`` save strategy, its work spread over the data-parallel replicas (fully parallel), and
+    whether it is the one of the previous save, kept because the structure of ``state`` (every shard's key, shape,
+    offset, replica and dtype) is that save's on every rank: Megatron then reuses its distribution of the shards over
+    the replicas and, from the third save on, its save plan, instead of exchanging them again. The ranks agree on
+    the reuse with one all-reduce (the save is a collective call)."""
+    from megatron.core.dist_checkpointing.strategies.fully_parallel import FullyParallelSaveStrategyWrapper
+    from megatron.core.dist_checkpointing.strategies.torch import TorchDistSaveShardedStrategy
+
+    group, structure = parallel_state.data_parallel_group(), _structure(state)
+    same = _saving.get("group") is group and _saving.get("structure") == structure
+    nccl = torch.distributed.get_backend() == "nccl"
+    agreed = torch.tensor([int(same)], device=torch.device("cuda", torch.cuda.current_device()) if nccl else "cpu")
+    torch.distributed.all_reduce(agreed, op=torch.distributed.ReduceOp.MIN)
+    if agreed.item():
+        return _saving["strategy"], True
+    strategy = FullyParallelSaveStrategyWrapper(TorchDistSaveShardedStrategy(cached_metadata=True), group,
+                                                do_cache_distribution=True)  # fmt: skip
+    _saving.update(group=group, structure=structure, strategy=strategy)
+    return strategy, False
+
+
+def _structure(state: dict[str, Any]) -> tuple:
+    """What Megatron's save plan depends on: each entry's type, key, shapes, offsets, replica and dtype."""
+    from megatron.core.dist_checkpointing.dict_utils import nested_values
+
+    fields = ("key", "global_shape", "global_offset", "local_shape", "replica_id", "dtype", "flattened_range")
+    return tuple((type(v).__name__, *(getattr(v, name, None) for name in fields)) for v in nested_values(state))
+
+
+def _sha256(path: str | os.PathLike) -> str:
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def _write_and_digest(write: Callable[..., None], rank: int, buckets: list, results: Any) -> None:
+    """Megatron's write of this rank's shard files (``buckets``; each file fsynced by Megatron), then their SHA-256
+    in ``.sha256_rank<rank>.json`` beside them, fsynced: the hashes of the integrity manifest are taken by the
+    process that wrote the files (an asynchronous save's writer: not the training process), and
+    :func:`_integrity_manifest` merges them."""
+    write(rank, buckets, results)
+    digests = {os.path.basename(bucket[0]): _sha256(bucket[0]) for bucket in buckets}
+    target = Path(buckets[0][0]).with_name(_DIGESTS.format(rank=rank))
+    tmp = target.with_name(target.name + ".tmp")
+    with open(tmp, "w") as f:
+        f.write(json.dumps(digests))
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, target)
+
+
+_DIGESTS = ".sha256_rank{rank}.json"
+
+
+def _integrity_manifest(weights: Path) -> set[str]:
+    """Write Megatron's integrity manifest of ``weights`` (``integrity.json``: every file's SHA-256, what
+    ``load(..., verify_integrity=True)`` and :func:`verify` check) from the writers' digests, which are removed; a
+    file no writer hashed (Megatron's index, common state and config, written by the ranks themselves, small) is
+    hashed here. Returns the names the writers hashed (and fsynced)."""
+    from megatron.core.dist_checkpointing.validation import INTEGRITY_FNAME
+
+    digests: dict[str, str] = {}
+    for entry in sorted(weights.glob(_DIGESTS.format(rank="*") + "*")):
+        if entry.suffix == ".json":
+            digests.update(json.loads(entry.read_text()))
+        entry.unlink()
+    listed = {}
+    for entry in sorted(weights.iterdir(), key=str):
+        if entry.is_file() and entry.name != INTEGRITY_FNAME:
+            listed[entry.name] = digests.get(entry.name) or _sha256(entry)
+    with open(weights / INTEGRITY_FNAME, "w") as f:
+        json.dump({"algorithm": "sha256", "files": listed}, f, indent=2)
+    return set(digests) & set(listed)
+
+
+def _fsync_tree(folder: Path, synced: set[str] = frozenset()) -> dict[str, int]:
+    """fsync every file under ``folder`` but those of ``synced`` (relative paths: fsynced by their writer), and the
+    folders themselves; each file's size by its relative path."""
     sizes = {}
     for root, _, names in os.walk(folder):
         for name in names:
             path = Path(root) / name
-            fd = os.open(path, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            sizes[str(path.relative_to(folder))] = path.stat().st_size
+            relative = str(path.relative_to(folder))
+            if relative not in synced:
+                fd = os.open(path, os.O_RDONLY)
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+            sizes[relative] = path.stat().st_size
         files._fsync_folder(Path(root))
     return dict(sorted(sizes.items()))
 
@@ -211,9 +351,16 @@ def save_checkpoint(checkpoint: dict[str, Any], path: str | os.PathLike, module:
         state = {"model": model_sharded_state_dict(module)}
         if optimizers:
             state["optimizer"] = optimizer_sharded_state_dict(optimizers[0], state["model"])
-        request = dist_checkpointing.save(state, str(tmp / WEIGHTS), sharded_strategy=_strategies(save=True),
-                                          verify_integrity=True, async_sharded_save=saves is not None,
-                                          async_strategy="mcore")  # fmt: skip
+        # Written as Megatron's asynchronous request either way (run at once when synchronous), the files hashed by
+        # their writer (:func:`_write_and_digest`) rather than all on rank 0 at the end (``verify_integrity``).
+        strategy, reused = _save_strategy(state)
+        request = dist_checkpointing.save(state, str(tmp / WEIGHTS), sharded_strategy=strategy,
+                                          validate_access_integrity=not reused,  # (checked when it was planned)
+                                          async_sharded_save=True, async_strategy="mcore")  # fmt: skip
+        if request.async_fn is not None:  # (None: nothing of the checkpoint to write on this rank)
+            request = request._replace(async_fn=partial(_write_and_digest, request.async_fn))
+        if saves is None:
+            request.execute_sync()
     except Exception as e:
         error = e if not isinstance(e, OSError) else files._write_error(e, path)
     files._agree(error, path)
@@ -232,12 +379,13 @@ def save_checkpoint(checkpoint: dict[str, Any], path: str | os.PathLike, module:
 
 
 def _complete(tmp: Path, path: Path, distributed_optimizer: bool) -> None:
-    """Global rank 0 marks the written folder ``tmp`` complete (sizes, fsync, marker last) and puts it at ``path``;
-    a collective call (every rank learns of a failure)."""
+    """Global rank 0 marks the written folder ``tmp`` complete (the integrity manifest, sizes, fsync, marker last)
+    and puts it at ``path``; a collective call (every rank learns of a failure)."""
     error = None
     if files._is_global_zero():
         try:
-            sizes = _fsync_tree(tmp)
+            hashed = _integrity_manifest(tmp / WEIGHTS)
+            sizes = _fsync_tree(tmp, {f"{WEIGHTS}/{name}" for name in hashed})
             metadata = {"format": FORMAT, "tensor_model_parallel_size": parallel_state.tensor_parallel_world_size(),
                         "pipeline_model_parallel_size": parallel_state.pipeline_parallel_world_size(),
                         "data_parallel_size": parallel_state.data_parallel_world_size(),
@@ -468,7 +616,7 @@ def load_checkpoint(path: str | os.PathLike, module: torch.nn.Module) -> dict[st
     run = _load_run(path, saved)
     try:
         model = dist_checkpointing.load({"model": model_sharded_state_dict(module)}, str(path / WEIGHTS),
-                                        sharded_strategy=_strategies(save=False),
+                                        sharded_strategy=_load_strategy(),
                                         verify_integrity=True)["model"]  # fmt: skip
     except Exception as e:
         if type(e).__name__ == "CheckpointingException":
@@ -514,6 +662,6 @@ def load_optimizer_state(checkpoint: dict[str, Any], module: torch.nn.Module, op
                     path, saved.get("distributed_optimizer"), _distributed(optimizer))  # fmt: skip
     sharded = optimizer_sharded_state_dict(optimizer, model_sharded, is_loading=True)
     state = dist_checkpointing.load({"optimizer": sharded}, str(path / WEIGHTS),
-                                    sharded_strategy=_strategies(save=False))["optimizer"]  # fmt: skip
+                                    sharded_strategy=_load_strategy())["optimizer"]  # fmt: skip
     _mcore(optimizer).load_state_dict(state)
     fused_cpu_kernels(_mcore(optimizer))  # the loaded groups carry the flags they were saved with

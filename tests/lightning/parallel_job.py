@@ -60,6 +60,19 @@ def hold_write(step: int) -> None:
     FileSystemWriterAsync.write_preloaded_data_multithread = staticmethod(held)
 
 
+def megatron_gathered_optimizer_state() -> None:
+    """``torch_dist`` saves the distributed optimizer's state through Megatron's own gather on data-parallel rank 0
+    (the reference for speechtrain's per-rank description of it)."""
+    from speechtrain.lightning import dist_checkpoint
+
+    def gathered(optimizer, model_sharded, is_loading=False):
+        metadata = {"distrib_optim_sharding_type": dist_checkpoint._DISTRIB_OPTIM_SHARDING,
+                    "distrib_optim_fully_reshardable_mem_efficient": True}  # fmt: skip
+        return dist_checkpoint._mcore(optimizer).sharded_state_dict(model_sharded, is_loading, metadata=metadata)
+
+    dist_checkpoint.optimizer_sharded_state_dict = gathered
+
+
 class SaveAtStart(pl.Callback):
     """Saves a checkpoint before the first step (of a resumed run: the state just read back)."""
 
@@ -97,6 +110,7 @@ def main() -> None:
     parser.add_argument("--save-at-start", help="save a checkpoint here before the first step")
     parser.add_argument("--async-save", action="store_true", help="the strategy's async_save")
     parser.add_argument("--hold-write-at", type=int, help="the asynchronous save at this step is never written")
+    parser.add_argument("--megatron-gather", action="store_true", help="optimizer state saved by Megatron's gather")
     args = parser.parse_args()
 
     torch.set_num_threads(1)
@@ -118,6 +132,8 @@ def main() -> None:
 
         import_megatron()
         hold_write(args.hold_write_at)
+    if args.megatron_gather:
+        megatron_gathered_optimizer_state()
     recorder = RecordLosses()
     callbacks = [recorder]
     if args.ckpt_dir:

@@ -77,6 +77,12 @@ def test_a_run_resumed_from_a_dist_checkpoint_equals_an_uninterrupted_one_and_da
     assert sorted(p.name for p in saved.iterdir()) == [files.METADATA, dist_checkpoint.RUN, dist_checkpoint.WEIGHTS]
     assert dist_checkpoint.is_dist_checkpoint(saved) and files.checkpoint_candidates(saved) == [saved]
     dist_checkpoint.verify(saved)
+    # the manifest merged from the writers' digests is the one Megatron's own hashing of the folder writes
+    manifest = saved / dist_checkpoint.WEIGHTS / "integrity.json"
+    merged = manifest.read_text()
+    assert not list(manifest.parent.glob(".sha256*")) and ".metadata" in json.loads(merged)["files"]
+    _megatron_integrity_manifest(manifest.parent)
+    assert manifest.read_text() == merged
     resumed, resumed_weights = _fit(tmp_path / "resumed", 4, resume=saved)
     assert resumed == straight[2:]
     for name, tensor in weights.items():
@@ -139,6 +145,7 @@ def test_a_run_resumed_from_an_async_dist_checkpoint_equals_an_uninterrupted_one
     assert sorted(p.name for p in folder.iterdir()) == ["step=6.ckpt"]
     dist_checkpoint.verify(folder / "step=6.ckpt")
     assert not list((folder / "step=6.ckpt").rglob(".write_results*"))  # read back and removed before the hashes
+    assert not list((folder / "step=6.ckpt").rglob(".sha256*"))  # the writers' digests, merged into the manifest
 
 
 def test_an_async_save_in_flight_leaves_the_previous_checkpoint_in_place(_one_process, tmp_path, monkeypatch):
@@ -188,6 +195,13 @@ def test_an_async_save_in_flight_leaves_the_previous_checkpoint_in_place(_one_pr
     assert not torch.equal(second, first)
 
 
+def _megatron_integrity_manifest(weights: Path) -> None:
+    import_megatron()
+    from megatron.core.dist_checkpointing.validation import save_integrity_manifest
+
+    save_integrity_manifest(str(weights))
+
+
 class _Payload:
     def __reduce__(self):
         return (os.system, ("echo pwned",))
@@ -227,6 +241,27 @@ def test_tensor_parallel_parameters_are_described_as_slices_of_the_tp1_tensor(_o
     module.column.partition_stride = 2
     with pytest.raises(NotImplementedError, match="column"):
         dist_checkpoint.model_sharded_state_dict(module)
+
+
+def test_saves_of_one_structure_reuse_the_save_plan_and_hold_their_own_weights(_one_process, tmp_path):
+    """Saves of a state of the same structure keep Megatron's save strategy (its distribution of the shards and,
+    from the third save on, its plan); each checkpoint holds the weights of its own save. A state of another
+    structure is planned afresh."""
+    module = torch.nn.Linear(3, 2)
+    strategies = []
+    for step in range(1, 5):
+        with torch.no_grad():
+            module.weight.add_(1.0)
+        dist_checkpoint.save_checkpoint({"global_step": step}, tmp_path / f"{step}.ckpt", module, [])
+        strategies.append(dist_checkpoint._saving["strategy"])
+        loaded = dist_checkpoint.load_checkpoint(tmp_path / f"{step}.ckpt", torch.nn.Linear(3, 2))
+        torch.testing.assert_close(loaded["state_dict"]["weight"], module.weight.detach(), rtol=0, atol=0)
+    assert all(strategy is strategies[0] for strategy in strategies)
+    other = torch.nn.Linear(4, 2)
+    dist_checkpoint.save_checkpoint({"global_step": 5}, tmp_path / "5.ckpt", other, [])
+    assert dist_checkpoint._saving["strategy"] is not strategies[0]
+    loaded = dist_checkpoint.load_checkpoint(tmp_path / "5.ckpt", torch.nn.Linear(4, 2))
+    torch.testing.assert_close(loaded["state_dict"]["weight"], other.weight.detach(), rtol=0, atol=0)
 
 
 def test_a_failed_write_keeps_the_previous_dist_checkpoint(_one_process, tmp_path, monkeypatch):
@@ -330,6 +365,22 @@ def test_a_tp2xdp2_checkpoint_resumes_under_another_layout_with_the_same_weights
         torch.testing.assert_close(actual[key], tensor, rtol=0, atol=0, msg=key)
     losses, _ = assemble(out)
     assert len(losses) == 2 and all(torch.isfinite(torch.tensor(losses)))
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_each_rank_saves_its_distributed_optimizer_state_as_megatrons_gather_writes_it(tmp_path):
+    """TP=2 x DP=2, distributed optimizer: each rank describing the state of its own parameters (no gather on
+    data-parallel rank 0) writes a checkpoint with every tensor equal to the one saved through Megatron's gather."""
+    common = ["--tp", "2", "--global-batch", "16", "--steps", "4", "--checkpoint-format", "torch_dist",
+              "--distributed-optimizer", "--save-every", "4"]  # fmt: skip
+    run_job(tmp_path / "own", 4, *common, "--ckpt-dir", str(tmp_path / "own.ckpt"))
+    run_job(tmp_path / "gathered", 4, *common, "--ckpt-dir", str(tmp_path / "gathered.ckpt"), "--megatron-gather")
+    own, gathered = _plain(tmp_path / "own.ckpt" / "step=4.ckpt"), _plain(tmp_path / "gathered.ckpt" / "step=4.ckpt")
+    assert own.keys() == gathered.keys()
+    assert any(k.startswith("optimizer.state.exp_avg_sq.") for k in own), sorted(own)[:5]
+    for key, tensor in gathered.items():
+        torch.testing.assert_close(own[key], tensor, rtol=0, atol=0, msg=key)
 
 
 @pytest.mark.slow
