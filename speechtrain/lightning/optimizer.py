@@ -12,6 +12,12 @@ One step, composed from Megatron's own stages so that the non-finite guard can s
 host sync, skipped where neither clipping nor the guard needs it and the step logs nothing) -> the guard's decision
 from that norm (identical on every rank: no collective) ->
 clipping by that norm -> ``step_with_ready_grads``. Megatron's ``step()`` runs the same stages without the guard.
+
+Where the DDP's contiguous gradient buffers hold exactly the gradients that Megatron norms and clips (fp32
+gradients, no tensor or pipeline parallelism, no distributed optimizer, no shared or separately normed parameters:
+:func:`whole_gradient_buffers`), the norm is one norm per buffer and the clipping one scale per buffer, instead of
+one per parameter (Megatron's loop dispatches one operator, one kernel launch on a GPU, per tensor); the numbers are
+Megatron's within fp32 rounding (the sum of squares in another order). Elsewhere Megatron's own functions run.
 """
 
 import logging
@@ -37,9 +43,10 @@ class MegatronOptimizer(torch.optim.Optimizer):
         clip_grad: clip the global gradient norm to this (0: no clipping; the norm is computed anyway).
     """
 
-    def __init__(self, optimizer: Any, clip_grad: float = 0.0) -> None:
+    def __init__(self, optimizer: Any, clip_grad: float = 0.0, buffers: list | None = None) -> None:
         self.mcore = optimizer
         self.clip_grad = clip_grad
+        self.buffers = buffers  # the DDP gradient buffers that hold exactly the gradients to norm and clip, or None
         self.defaults: dict[str, Any] = {}
         # Decides from the gradient norm whether the step may update the weights (the strategy's non-finite guard).
         self.should_update: Callable[[float | None], bool] | None = None
@@ -115,7 +122,7 @@ class MegatronOptimizer(torch.optim.Optimizer):
             group["weight_decay"] = weight_decay * group.get("wd_mult", 1.0)
         if precision == "16-mixed":
             engine.config.grad_scale_func = mcore.scale_loss  # Megatron's schedules scale the loss before backward
-        return cls(mcore, clip_grad=clip_grad)
+        return cls(mcore, clip_grad=clip_grad, buffers=whole_gradient_buffers(mcore, engine.ddp))
 
     # ----------------------------------------------- what torch and Lightning see: the Megatron optimizer's groups
     param_groups = property(lambda self: self.mcore.param_groups)  # type: ignore[assignment]
@@ -138,15 +145,26 @@ class MegatronOptimizer(torch.optim.Optimizer):
         # The norm costs the step's one host synchronisation: computed for clipping and the non-finite guard, else
         # only on the steps whose metrics are logged (``needs_norm``).
         needed = self.clip_grad > 0 or self.needs_norm is None or self.needs_norm()
-        norm = math.inf if overflow else float(self.mcore.get_grad_norm()) if needed else None
+        norm = math.inf if overflow else float(self._grad_norm()) if needed else None
         if overflow or (self.should_update is not None and not self.should_update(norm)):
             return result
-        if self.clip_grad > 0:
+        if self.clip_grad > 0 and self.buffers is not None:
+            coefficient = self.clip_grad / (norm + 1.0e-6)  # Megatron's ``clip_grad_by_total_norm_fp32``
+            if coefficient < 1.0:
+                torch._foreach_mul_([buffer.grad_data for buffer in self.buffers], coefficient)
+        elif self.clip_grad > 0:
             decoupled = self.mcore.config.use_precision_aware_optimizer_no_fp8_or_ds_fp8
             with cuda_tensor_types():
                 clip_grads.clip_grad_by_total_norm_fp32(self.mcore.get_parameters(), self.clip_grad, norm, decoupled)
         self.mcore.step_with_ready_grads()
         return result
+
+    def _grad_norm(self) -> torch.Tensor:
+        """The global gradient norm (a device tensor: the caller's ``float`` is the step's host sync)."""
+        if self.buffers is None:
+            return self.mcore.get_grad_norm()
+        norms = torch._foreach_norm([buffer.grad_data for buffer in self.buffers])
+        return norms[0] if len(norms) == 1 else torch.linalg.vector_norm(torch.stack(norms))
 
     def state_dict(self) -> dict[str, Any]:
         """The optimizer state; under the distributed optimizer the shards are gathered on data-parallel rank 0
@@ -163,6 +181,36 @@ class MegatronOptimizer(torch.optim.Optimizer):
             self.mcore.load_state_dict(state_dict["common"])
             self.mcore.load_parameter_state_from_dp_zero(state_dict["param_state"])
         fused_cpu_kernels(self.mcore)  # the loaded groups carry the flags they were saved with
+
+
+def whole_gradient_buffers(mcore: Any, ddp: Any) -> list | None:
+    """``ddp``'s gradient buffers (Megatron's ``_ParamAndGradBuffer``) when their ``grad_data`` hold exactly the
+    gradients that ``mcore`` norms and clips, else None. Megatron's ``FP32Optimizer`` hands the optimizer the
+    buffers' own views as gradients (``param.grad = param.main_grad``; the mixed-precision optimizers copy them into
+    separate fp32 tensors and the distributed one owns a shard of each); the buffers' padding is zero and reduces to
+    zero. The norm skips tensor-parallel duplicates, shared parameters (tied embeddings) and separately normed
+    ones, and sums over the model-parallel ranks: where any of these is present Megatron's path stays."""
+    from megatron.core import tensor_parallel
+    from megatron.core.optimizer.optimizer import FP32Optimizer, _get_param_grad_norm_group
+    from megatron.core.transformer.module import param_is_not_shared
+
+    if type(mcore) is not FP32Optimizer or ddp.expert_parallel_buffers or not ddp.buffers:
+        return None
+    if torch.distributed.get_world_size(mcore.get_grad_stats_parallel_group()) != 1:
+        return None
+    params = mcore.get_parameters()
+    in_buffers = [p for buffer in ddp.buffers for p in buffer.params]
+    if len(params) != len(in_buffers) or {id(p) for p in params} != {id(p) for p in in_buffers}:
+        return None
+    exact = all(
+        param_is_not_shared(p)
+        and tensor_parallel.param_is_not_tensor_parallel_duplicate(p)
+        and tensor_parallel.param_is_not_gtp_duplicate(p)
+        and _get_param_grad_norm_group(p) is None
+        and p.dtype == torch.float32
+        for p in params
+    )
+    return list(ddp.buffers) if exact and all(b.grad_data.dtype == torch.float32 for b in ddp.buffers) else None
 
 
 def _muon_over(mcore: Any, module: torch.nn.Module, adamw_modules: Any, momentum: float, ns_steps: int) -> Any:
