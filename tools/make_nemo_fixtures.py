@@ -12,6 +12,15 @@ and read back so that NeMo and the tests see the same samples). NeMo's CTC log-p
 network's output and the joint's raw logits on a fixed label sequence (``labels``), and NeMo's greedy hypotheses
 (``greedy_<i>``: token ids per utterance). The archives are recompressed with gzip, as NeMo 1.x wrote them.
 ``manifest.json`` records the NeMo and torch versions.
+
+A streaming fixture (``att_context_size`` set) also holds NeMo's cache-aware streaming run of each utterance alone,
+for each look-ahead ``c`` (index into ``att_context_size``): NeMo's offline features cut into chunks by NeMo's
+``CacheAwareStreamingAudioBuffer`` (its pre-encode cache and ``drop_extra_pre_encoded``), fed to
+``encoder.cache_aware_stream_step`` with its caches; ``stream<c>_enc_<i>`` (T, D) are the chunks' encoder outputs
+one after the other (``offline<c>_enc_<i>``: NeMo's offline encoder output with that look-ahead),
+``stream<c>_chunks_<i>`` the frames of each chunk, ``stream<c>_ctc_<i>`` and
+``stream<c>_tdt_<i>`` the final greedy token ids of ``conformer_stream_step`` with the CTC and the TDT decoder.
+``--only NAME`` rebuilds one fixture (and keeps the other entries of the manifest).
 """
 
 import argparse
@@ -36,6 +45,8 @@ TEXT = (
     "seven wizards vex the jumping king's quiz of boxes an expert pilot flies through heavy fog"
 )
 
+STREAMING_CONTEXTS = [[4, 1], [4, 0]]  # [left, right] encoder frames
+
 FIXTURES = {
     # name: (encoder overrides, preprocessor overrides, kind: ctc | hybrid | rnnt | tdt | hybrid_tdt)
     "fastconformer_ctc": ({"subsampling": "dw_striding", "subsampling_factor": 8, "xscaling": True,
@@ -53,6 +64,13 @@ FIXTURES = {
                       {}, "tdt"),
     "fastconformer_hybrid_tdt": ({"subsampling": "dw_striding", "subsampling_factor": 8, "xscaling": True,
                                   "untie_biases": True}, {}, "hybrid_tdt"),
+    # cache-aware streaming: two look-aheads trained together (the first is the default), causal convolutions and
+    # subsampling, no per-utterance normalisation
+    "fastconformer_hybrid_tdt_streaming": ({"subsampling": "dw_striding", "subsampling_factor": 8, "xscaling": True,
+                                            "untie_biases": True, "att_context_size": STREAMING_CONTEXTS,
+                                            "att_context_style": "chunked_limited", "conv_context_size": "causal",
+                                            "causal_downsampling": True},
+                                           {"normalize": "none"}, "hybrid_tdt"),
 }  # fmt: skip
 TDT_DURATIONS = [0, 1, 2, 3, 4]
 JOINT_GAIN, BLANK_BIAS = 3.0, 1.5
@@ -253,9 +271,65 @@ def transducer_outputs(model, audio: torch.Tensor, lengths: torch.Tensor) -> dic
     return out
 
 
+def stream_outputs(model, audio: torch.Tensor, lengths: torch.Tensor) -> dict[str, torch.Tensor]:
+    """NeMo's cache-aware streaming run of each utterance alone, per look-ahead (see the module docstring)."""
+    from nemo.collections.asr.parts.utils.streaming_utils import CacheAwareStreamingAudioBuffer
+
+    out = {}
+    encoder = model.encoder
+    for index, context in enumerate(STREAMING_CONTEXTS):
+        encoder.set_default_att_context_size(context)
+        for i, length in enumerate(lengths.tolist()):
+            with torch.no_grad():
+                feats, feat_len = model.preprocessor(input_signal=audio[i : i + 1, :length],
+                                                     length=torch.tensor([length]))  # fmt: skip
+            with torch.no_grad():
+                offline = model.forward(input_signal=audio[i : i + 1, :length],
+                                        input_signal_length=torch.tensor([length]))  # fmt: skip
+            out[f"offline{index}_enc_{i}"] = offline[0][0].T.float().contiguous()  # (D, T) -> (T, D)
+            chunks, outputs = [], []
+            for decoder in ("ctc", "rnnt"):
+                model.change_decoding_strategy(decoder_type=decoder, verbose=False)
+                buffer = CacheAwareStreamingAudioBuffer(model, online_normalization=False)
+                buffer.append_processed_signal(feats[:, :, : int(feat_len[0])])
+                channel, time, channel_len = encoder.get_initial_cache_state(batch_size=1)
+                hypotheses, predictions = None, None
+                for step, (chunk, chunk_len) in enumerate(buffer):
+                    drop = 0 if step == 0 else encoder.streaming_cfg.drop_extra_pre_encoded
+                    last = buffer.is_buffer_empty()
+                    with torch.no_grad():
+                        if decoder == "ctc":
+                            enc, enc_len, *_ = encoder.cache_aware_stream_step(
+                                processed_signal=chunk, processed_signal_length=chunk_len,
+                                cache_last_channel=channel, cache_last_time=time, cache_last_channel_len=channel_len,
+                                keep_all_outputs=last, drop_extra_pre_encoded=drop,
+                            )  # fmt: skip
+                            outputs.append(enc[0, :, : int(enc_len[0])].T)  # (D, T) -> (T, D)
+                            chunks.append(int(enc_len[0]))
+                        predictions, texts, channel, time, channel_len, hypotheses = model.conformer_stream_step(
+                            processed_signal=chunk, processed_signal_length=chunk_len, cache_last_channel=channel,
+                            cache_last_time=time, cache_last_channel_len=channel_len, keep_all_outputs=last,
+                            previous_hypotheses=hypotheses, previous_pred_out=predictions,
+                            drop_extra_pre_encoded=drop, return_transcription=True,
+                        )  # fmt: skip
+                if decoder == "ctc":
+                    ids = [p for j, p in enumerate(predictions[0].tolist())
+                           if p != model.ctc_decoder.num_classes_with_blank - 1
+                           and (j == 0 or p != predictions[0][j - 1])]  # fmt: skip
+                    out[f"stream{index}_ctc_{i}"] = torch.tensor(ids, dtype=torch.long)
+                else:
+                    out[f"stream{index}_tdt_{i}"] = torch.as_tensor(hypotheses[0].y_sequence, dtype=torch.long)
+            out[f"stream{index}_enc_{i}"] = torch.cat(outputs).float().contiguous()
+            out[f"stream{index}_chunks_{i}"] = torch.tensor(chunks, dtype=torch.long)
+    encoder.set_default_att_context_size(STREAMING_CONTEXTS[0])
+    model.change_decoding_strategy(decoder_type="rnnt", verbose=False)
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("tests/fixtures/nemo"))
+    parser.add_argument("--only", choices=sorted(FIXTURES), help="rebuild this fixture only")
     args = parser.parse_args()
     import nemo
     from nemo.collections.asr.models import EncDecCTCModelBPE, EncDecHybridRNNTCTCBPEModel, EncDecRNNTBPEModel
@@ -265,10 +339,13 @@ def main() -> None:
 
     args.out.mkdir(parents=True, exist_ok=True)
     audio, lengths = make_inputs(args.out)
-    records = {}
+    manifest_path = args.out / "manifest.json"
+    records = json.loads(manifest_path.read_text())["fixtures"] if args.only and manifest_path.exists() else {}
     with tempfile.TemporaryDirectory() as tmp:
         make_tokenizer(Path(tmp))
         for seed, (name, (encoder, preprocessor, kind)) in enumerate(FIXTURES.items()):
+            if args.only and name != args.only:
+                continue
             torch.manual_seed(seed)
             cfg = OmegaConf.create(model_config(Path(tmp), encoder, preprocessor, kind))
             model = classes[kind](cfg=cfg)
@@ -288,6 +365,8 @@ def main() -> None:
                 with torch.no_grad():
                     out_lengths = model.forward(input_signal=audio, input_signal_length=lengths)[1]
             expected["lengths"] = out_lengths.long()
+            if "att_context_size" in encoder:
+                expected.update(stream_outputs(model, audio, lengths))
             save_file(expected, args.out / f"{name}.expected.safetensors")
             shapes = {key: list(value.shape) for key, value in expected.items() if key != "lengths"}
             records[name] = {"class": type(model).__name__, "encoder": encoder, "preprocessor": preprocessor,
@@ -296,7 +375,7 @@ def main() -> None:
             print(name, records[name])
     manifest = {"nemo": nemo.__version__, "torch": torch.__version__, "inputs": ["input_a.wav", "input_b.wav"],
                 "fixtures": records}  # fmt: skip
-    (args.out / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
+    manifest_path.write_text(json.dumps(manifest, indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -89,6 +89,32 @@ def _null_or(*allowed: Any, why: str) -> Callable[[Any], Any]:
     return check
 
 
+def nemo_context_sizes(value: Any, style: str) -> list[list[int]]:
+    """NeMo's ``att_context_size`` (``[left, right]``, a list of them, or null) -> a list of ``[left, right]``
+    pairs (streaming: see :class:`~speechtrain.asr.conformer.ConformerConfig`). ``chunked_limited`` needs a right
+    context >= 0 (NeMo's own chunking does too)."""
+    if value is None:
+        return [[-1, -1]]
+    sizes = [list(v) for v in value] if value and not isinstance(value[0], int) else [list(value)]
+    for size in sizes:
+        if len(size) != 2 or not all(isinstance(v, int) and v >= -1 for v in size):
+            raise _Refuse(f"expected [left, right] or a list of them (ints >= -1), got {list(value)}")
+        if style == "chunked_limited" and size[1] < 0:
+            raise _Refuse("chunked_limited attention needs a right context >= 0 (chunks of right + 1 frames)")
+    return sizes
+
+
+def nemo_conv_context(value: Any) -> str | list[int] | None:
+    """NeMo's ``conv_context_size`` -> ours: null / ``symmetric`` -> null, ``causal``, or ``[before, after]``."""
+    if value is None or value == "symmetric":
+        return None
+    if value == "causal":
+        return "causal"
+    if isinstance(value, str) or len(value) != 2:
+        raise _Refuse("expected null, 'causal' or [before, after]")
+    return [int(value[0]), int(value[1])]
+
+
 # Rules: NeMo key -> ("map", our key, converter) | ("same", checker, note) | ("drop", note).
 # A converter returns the value to store or raises _Refuse.
 _DATASET = {
@@ -141,7 +167,7 @@ _PREPROCESSOR = {
     "n_fft": ("map", "preprocessor.n_fft", None),
     "dither": ("map", "preprocessor.dither", None),
     "sample_rate": ("drop", "the model's sample_rate is used"),
-    "normalize": ("same", _same("per_feature", why="features are normalised per mel band"), "per mel band"),
+    "normalize": ("map", "preprocessor.normalize", _one_of("per_feature", "none")),
     "window": ("same", _same("hann", why="the window is Hann"), "Hann window"),
     "log": ("same", _same(True, why="features are log-mel"), "log-mel"),
     "frame_splicing": ("same", _same(1, why="frames are not spliced"), "no splicing"),
@@ -173,15 +199,16 @@ _ENCODER = {
     "feat_in": ("drop", "checked against preprocessor.features"),
     "dropout_pre_encoder": ("drop", "checked against dropout"),
     "feat_out": ("same", _same(-1, None, why="the encoder has no output projection"), "no output projection"),
-    "causal_downsampling": ("same", _same(False, why="only non-causal subsampling is implemented"), "non-causal"),
+    "causal_downsampling": ("map", "encoder.causal_downsampling", bool),
     "self_attention_model": ("same", _same("rel_pos", why="attention uses relative positions only"), "relative"),
-    "att_context_size": ("same", _same([-1, -1], None, why="only full-context attention is implemented"), "full"),
-    "att_context_style": ("same", _same("regular", why="only full-context attention is implemented"), "regular"),
+    "att_context_size": ("map", "encoder.att_context_size", lambda v: nemo_context_sizes(v, "regular")),
+    "att_context_style": ("map", "encoder.att_context_style", _one_of("regular", "chunked_limited")),
+    "att_context_probs": ("map", "encoder.att_context_probs", lambda v: None if v is None else list(v)),
     "untie_biases": ("same", _same(True, why="every layer has its own position biases"), "per-layer biases"),
     "pos_emb_max_len": ("drop", "relative positions are computed for any length"),
     "use_pytorch_sdpa": ("drop", "attention always runs in torch's scaled_dot_product_attention"),
     "use_pytorch_sdpa_backends": ("drop", "torch picks the attention kernel"),
-    "conv_context_size": ("same", _null_or("causal", why="only symmetric convolutions"), "symmetric"),
+    "conv_context_size": ("map", "encoder.conv_context_size", lambda v: nemo_conv_context(v)),
     "dropout_emb": ("same", _same(0, 0.0, why="there is no position-embedding dropout"), "none"),
     "stochastic_depth_drop_prob": ("same", _same(0, 0.0, why="stochastic depth is not implemented"), "off"),
     "stochastic_depth_mode": ("drop", "stochastic depth is off"),

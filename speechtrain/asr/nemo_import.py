@@ -18,8 +18,13 @@ full context):
 - the hybrids ``EncDecHybridRNNTCTC[BPE]Model`` (RNN-T-CTC and TDT-CTC): the same transducer with ``hybrid: true``,
   its CTC head the hybrid's ``ctc_decoder`` (``decoder_type: ctc`` decodes with it, as NeMo's ``cur_decoder``).
 
-Everything else is refused with the file and the setting named: other encoders, limited-context (streaming) or
-local attention, causal convolutions, stateless or layer-normalised prediction networks, multi-blank losses,
+NeMo's cache-aware streaming models load too (``att_context_size``, one ``[left, right]`` or a list of them, in the
+``regular`` or ``chunked_limited`` style; causal or asymmetric convolutions, ``conv_context_size``; causal
+subsampling, ``causal_downsampling``; ``preprocessor.normalize: none``) and stream with
+:mod:`speechtrain.asr.streaming`.
+
+Everything else is refused with the file and the setting named: other encoders, local attention,
+``chunked_limited_with_rc``, stateless or layer-normalised prediction networks, multi-blank losses,
 WordPiece tokenizers, front-end settings other than NeMo's log-mel defaults.
 
 Safety: the weights are read with ``torch.load(weights_only=True)`` after their zip CRCs are checked
@@ -177,16 +182,8 @@ def _encoder(path: Path, enc: dict[str, Any], n_mels: int) -> dict[str, Any]:
     attention = enc.get("self_attention_model", "rel_pos")
     if attention != "rel_pos":
         raise _refuse(path, f"encoder.self_attention_model is {attention!r} (only rel_pos attention loads)")
-    context = enc.get("att_context_size")
-    flat = [v for c in context for v in (c if isinstance(c, list) else [c])] if context else []
-    if any(v != -1 for v in flat):
-        raise _refuse(path, f"encoder.att_context_size is {context} (limited-context, streaming attention)")
-    if enc.get("causal_downsampling"):
-        raise _refuse(path, "encoder.causal_downsampling is true (causal subsampling)")
     kernel = int(enc.get("conv_kernel_size", 31))
-    conv_context = enc.get("conv_context_size")
-    if conv_context not in (None, "symmetric") and list(conv_context) != [(kernel - 1) // 2] * 2:
-        raise _refuse(path, f"encoder.conv_context_size is {conv_context!r} (causal or asymmetric convolutions)")
+    streaming = _streaming_keys(path, enc, kernel)
     subsampling = enc.get("subsampling", "striding")
     if subsampling not in ("striding", "dw_striding"):
         raise _refuse(path, f"encoder.subsampling is {subsampling!r} (striding and dw_striding load)")
@@ -214,14 +211,46 @@ def _encoder(path: Path, enc: dict[str, Any], n_mels: int) -> dict[str, Any]:
         "dropout_att": float(enc.get("dropout_att", 0.0)),
         "xscaling": bool(enc.get("xscaling", True)),
         "untie_biases": bool(enc.get("untie_biases", True)),
+        **streaming,
     }
+
+
+def _streaming_keys(path: Path, enc: dict[str, Any], kernel: int) -> dict[str, Any]:
+    """NeMo's cache-aware streaming keys (``att_context_size``, ``att_context_style``, ``att_context_probs``,
+    ``conv_context_size``, ``causal_downsampling``) -> ours (:class:`~speechtrain.asr.conformer.ConformerConfig`);
+    ``chunked_limited_with_rc`` and malformed values are refused, naming the key."""
+    from speechtrain.asr.conformer import ConformerConfig
+    from speechtrain.asr.nemo_config import _Refuse, nemo_context_sizes, nemo_conv_context
+
+    style = enc.get("att_context_style", "regular")
+    if style not in ("regular", "chunked_limited"):
+        raise _refuse(path, f"encoder.att_context_style is {style!r} (regular and chunked_limited load)")
+    out: dict[str, Any] = {"att_context_style": style, "causal_downsampling": bool(enc.get("causal_downsampling"))}
+    for key, convert in (("att_context_size", lambda v: nemo_context_sizes(v, style)),
+                         ("conv_context_size", nemo_conv_context)):  # fmt: skip
+        try:
+            out[key] = convert(enc.get(key))
+        except _Refuse as error:
+            raise _refuse(path, f"encoder.{key} is {enc.get(key)!r} ({error})") from None
+    if enc.get("att_context_probs") is not None:
+        out["att_context_probs"] = [float(p) for p in enc["att_context_probs"]]
+    try:
+        check = ConformerConfig(conv_kernel_size=kernel, **out)
+        check.context_sizes()
+        check.conv_padding()
+    except ValueError as error:
+        raise _refuse(path, str(error)) from None
+    return out
 
 
 def _preprocessor(path: Path, pre: dict[str, Any], sample_rate: int) -> dict[str, Any]:
     target = str(pre.get("_target_", "AudioToMelSpectrogramPreprocessor"))
     if not target.endswith("AudioToMelSpectrogramPreprocessor"):
         raise _refuse(path, f"preprocessor._target_ is {target!r} (only AudioToMelSpectrogramPreprocessor loads)")
-    expected = {"normalize": "per_feature", "window": "hann", "log": True, "log_zero_guard_type": "add",
+    normalize = pre.get("normalize", "per_feature")
+    if normalize not in ("per_feature", "none"):
+        raise _refuse(path, f"preprocessor.normalize is {normalize!r} (per_feature and none load)")
+    expected = {"window": "hann", "log": True, "log_zero_guard_type": "add",
                 "log_zero_guard_value": 2**-24, "mag_power": 2.0, "frame_splicing": 1, "exact_pad": False,
                 "pad_value": 0.0, "stft_conv": False, "stft_exact_pad": False}  # fmt: skip
     for key, value in expected.items():
@@ -242,6 +271,7 @@ def _preprocessor(path: Path, pre: dict[str, Any], sample_rate: int) -> dict[str
         "dither": float(pre.get("dither", 1e-5)),
         "preemph": float(pre.get("preemph", 0.97) or 0.0),
         "pad_to": pad_to,
+        "normalize": normalize,
     }
 
 

@@ -218,7 +218,10 @@ CTC, RNNT = "fastconformer_ctc", "fastconformer_rnnt"
     [
         (CTC, lambda c: c.update(target="nemo.collections.tts.models.fastpitch.FastPitchModel"),
          "holds a FastPitchModel"),
-        (CTC, lambda c: c["encoder"].update(att_context_size=[70, 13]), r"att_context_size is \[70, 13\]"),
+        (CTC, lambda c: c["encoder"].update(att_context_style="chunked_limited_with_rc"),
+         "att_context_style is 'chunked_limited_with_rc'"),
+        (CTC, lambda c: c["encoder"].update(att_context_size=[70, -1], att_context_style="chunked_limited"),
+         r"att_context_size is \[70, -1\]"),
         (CTC, lambda c: c["encoder"].update(self_attention_model="rel_pos_local_attn"), "'rel_pos_local_attn'"),
         (CTC, lambda c: c["encoder"].update(_target_="nemo.collections.asr.modules.SqueezeformerEncoder"),
          "SqueezeformerEncoder"),
