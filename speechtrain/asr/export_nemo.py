@@ -28,7 +28,6 @@ from typing import Any
 
 import torch
 import yaml
-from omegaconf import OmegaConf
 
 from speechtrain.asr.conformer import ConformerConfig
 from speechtrain.asr.nemo_import import NEMO_CONFIG, NEMO_WEIGHTS, name_pairs
@@ -118,7 +117,7 @@ def _ctc_config(cfg: Any, vocabulary: list[str]) -> dict[str, Any]:
         "preprocessor": {
             "_target_": "nemo.collections.asr.modules.AudioToMelSpectrogramPreprocessor",
             "sample_rate": sample_rate,
-            "normalize": "per_feature",
+            "normalize": pre.get("normalize", "per_feature"),
             "window_size": float(pre["window_size"]),
             "window_stride": float(pre["window_stride"]),
             "window": "hann",
@@ -149,17 +148,19 @@ def _ctc_config(cfg: Any, vocabulary: list[str]) -> dict[str, Any]:
             "subsampling": enc["subsampling"],
             "subsampling_factor": int(enc["subsampling_factor"]),
             "subsampling_conv_channels": int(enc["subsampling_conv_channels"]),
-            "causal_downsampling": False,
+            "causal_downsampling": bool(enc.get("causal_downsampling", False)),
             "ff_expansion_factor": int(enc["ff_expansion_factor"]),
             "self_attention_model": "rel_pos",
             "n_heads": int(enc["num_heads"]),
-            "att_context_size": [-1, -1],
+            "att_context_size": [list(c) for c in ConformerConfig(**enc).context_sizes()],
+            "att_context_style": enc.get("att_context_style", "regular"),
+            "att_context_probs": enc.get("att_context_probs"),
             "xscaling": bool(enc["xscaling"]),
             "untie_biases": bool(enc["untie_biases"]),
             "pos_emb_max_len": 5000,
             "conv_kernel_size": int(enc["conv_kernel_size"]),
             "conv_norm_type": enc["conv_norm_type"],
-            "conv_context_size": None,
+            "conv_context_size": enc.get("conv_context_size"),
             "dropout": float(enc["dropout"]),
             "dropout_pre_encoder": float(enc["dropout"]),
             "dropout_emb": 0.0,
@@ -257,13 +258,6 @@ def write_nemo(model: Any, path: str | Path) -> Path:
         raise ValueError(f"{path}: this {name}'s encoder runs layers on half the frames (model.encoder."
                          "time_reduce_idx), which NeMo's Conformer encoder does not; export it as a .stm "
                          "archive.")  # fmt: skip
-    streaming_features = model.cfg.preprocessor.get("normalize") == "none"
-    encoder = ConformerConfig(**OmegaConf.to_container(model.cfg.encoder))
-    before, after = encoder.conv_padding()
-    if encoder.limited_context() or encoder.causal_downsampling or before != after or streaming_features:
-        raise ValueError(f"{path}: this {name} is a streaming model (limited attention context, causal convolutions "
-                         "or subsampling, or unnormalised features), which the .nemo export does not write yet; "
-                         "export it as a .stm archive.")  # fmt: skip
     if "loss" in model.cfg:
         pred, joint = model.cfg.prediction, model.cfg.joint
         if pred.context_size or joint.frame_stack != 1 or joint.activation not in ("relu", "tanh", "sigmoid"):
