@@ -181,7 +181,8 @@ def _owned_param_state(optimizer: Any, model_sharded: dict[str, Any]) -> dict[in
             if part.size == end - start:
                 owned[(gbuf_idx, start)] = (param, flat)
             else:
-                pieces[(gbuf_idx, start)] = (part.start, {key: tensor.cpu() for key, tensor in flat.items()})
+                # (copies of the pieces alone: pickling a view would send its whole storage, the flat buffer)
+                pieces[(gbuf_idx, start)] = (part.start, {key: t.cpu().clone() for key, t in flat.items()})
     # (every rank calls it, also with nothing that straddles: the save is a collective call)
     everyone: list[Any] = [None] * torch.distributed.get_world_size(optimizer.data_parallel_group)
     torch.distributed.all_gather_object(everyone, pieces, group=optimizer.data_parallel_group)
