@@ -60,7 +60,12 @@ def test_asr_demo_appends_its_figures_as_records(monkeypatch):
     "name, argv, expected",
     [
         ("fault_tolerance", ["--repeats", "2"], "NonFiniteGuard check"),
-        ("asr_optimizers", ["--cost", "--repeats", "1"], ("| torch.optim.Muon | ", "| GroupedMuon | ")),
+        pytest.param(  # (its 2-rank timing launches torchrun: slow)
+            "asr_optimizers",
+            ["--cost", "--repeats", "1"],
+            ("| torch.optim.Muon | ", "| GroupedMuon | "),
+            marks=pytest.mark.slow,
+        ),
         ("synthetic_corpus", ["--utterances", "6", "--workers", "1"], "| eSpeak, 6 utterances | "),
         ("piper_speed", ["--utterances", "2"], "| decoder in torch, bf16 | "),
         ("bridge_size", ["--before", "HEAD"], "| **total** | **"),

@@ -16,6 +16,7 @@ def _free_port():
         return sock.getsockname()[1]
 
 
+@pytest.mark.slow  # (the TP encoder and NeMo TP fine-tuning stay in the default suite)
 @pytest.mark.multiprocess
 def test_tensor_parallel_transducer_equals_single_process(tmp_path):
     """TP=2 (encoder split, prediction network and joint replicated) gives TP=1's loss and gradients, and both

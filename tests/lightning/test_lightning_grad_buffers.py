@@ -40,6 +40,7 @@ def test_buffer_norm_and_clip_equal_megatrons_at_tp1_dp2(tmp_path):
     assert report["clipped"] < 1e-9, report
 
 
+@pytest.mark.slow  # (the TP=1 x DP=2 equality above stays in the default suite)
 @pytest.mark.multiprocess
 def test_tensor_parallelism_keeps_megatrons_path(tmp_path):
     report = _run(2, tmp_path)

@@ -83,8 +83,10 @@ LAYOUTS = {
 
 
 @pytest.mark.multiprocess
-# TP=2 alone: inside both TP=2 x PP=2 and TP=2 x DP=2 (default suite); by itself in the slow one
-@pytest.mark.parametrize("layout", [pytest.param(k, marks=pytest.mark.slow) if k == "tp2" else k for k in LAYOUTS])
+# TP=2 in TP=2 x DP=2, PP=2 in pp2-microbatches (default suite); TP=2 alone and TP=2 x PP=2 in the slow one
+@pytest.mark.parametrize(
+    "layout", [pytest.param(k, marks=pytest.mark.slow) if k in ("tp2", "tp2xpp2") else k for k in LAYOUTS]
+)
 def test_layout_matches_single_process(layout, reference, tmp_path):
     nproc, args = LAYOUTS[layout]
     out = run_job(tmp_path / layout, nproc, *args)
@@ -98,7 +100,8 @@ def test_layout_matches_single_process(layout, reference, tmp_path):
 
 
 @pytest.mark.multiprocess
-@pytest.mark.parametrize("nproc", [pytest.param(1, marks=pytest.mark.slow), 2], ids=["dp1", "dp2"])
+@pytest.mark.slow
+@pytest.mark.parametrize("nproc", [1, 2], ids=["dp1", "dp2"])
 def test_gradient_accumulation_over_two_batches_equals_one_batch_of_both(nproc, tmp_path):
     """accumulate_grad_batches=2 over half-size batches A, B (per data-parallel rank) makes the same optimizer
     update as one batch A+B: gradients summed over both, divided by the frames of both. SGD, so that the update

@@ -119,6 +119,7 @@ def test_rank_zero_failing_to_build_the_tokenizer_stops_the_other_rank_within_se
     record.survive()
 
 
+@pytest.mark.slow  # (the other launch-failure tests stay in the default suite)
 @pytest.mark.multiprocess
 def test_a_rank_that_starts_after_rank_zero_failed_and_exited_stops_at_once(tmp_path):
     """Rank 1 slower to start than rank 0 is to fail (a loaded node): by the time it asks, rank 0 and its store are

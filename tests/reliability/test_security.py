@@ -281,6 +281,7 @@ def test_audio_longer_than_its_manifest_says_is_read_up_to_the_stated_duration_a
     record.survive(steps_lost=0)
 
 
+@pytest.mark.slow  # (bad lines of a short manifest: counted and named by the tests below, default suite)
 def test_a_bad_line_at_the_end_of_a_million_line_lazy_manifest_is_skipped_counted_and_named(tmp_path, fault):
     """The lazy reader's line loop over 1,000,000 lines (what LazyNeMoManifest turns into cuts, one per line; the
     next test follows bad lines through the loader into the skip summary)."""

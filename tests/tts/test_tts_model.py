@@ -218,6 +218,7 @@ def _free_port():
         return s.getsockname()[1]
 
 
+@pytest.mark.slow  # (TP parity of the shared blocks: tests/asr/test_asr_conformer.py, default suite)
 def test_tensor_parallel_tts_transformer_equals_single_process(tmp_path):
     env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "OMP_NUM_THREADS": "1"}
     single, parallel = tmp_path / "tp1.pt", tmp_path / "tp2.pt"
