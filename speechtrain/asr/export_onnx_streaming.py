@@ -101,7 +101,7 @@ class StreamingEncoderGraph(EncoderGraph):
                 depthwise = self.w[prefix + "0.weight"]  # (C, 1, 3, 3)
                 x = F.conv2d(x, depthwise, self.w[prefix + "0.bias"], stride=2, groups=depthwise.shape[0])
                 x = F.conv2d(x, self.w[prefix + "1.weight"], self.w[prefix + "1.bias"])
-            frames = torch.arange(x.shape[2])[None, :]
+            frames = torch.arange(x.shape[2], device=x.device)[None, :]
             valid = (frames < lengths[:, None]) & (frames >= before[:, None])  # (B, T)
             x = torch.relu(x * valid[:, None, :, None])
         x = x.transpose(1, 2).flatten(2)  # (B, C, T', bands) -> (B, T', C * bands)
@@ -130,7 +130,8 @@ class StreamingEncoderGraph(EncoderGraph):
         by_distance = torch.matmul((q + pos_v[:, None, :]) * scale, pos)  # (B, h, T, K+T-1)
         # Query i's distance to key j, M + i - j, sits in column T-1 - i + j.
         keys = both.shape[1]
-        column = frames - 1 - torch.arange(frames)[:, None] + torch.arange(keys)[None, :]  # (T, K)
+        rows, columns = torch.arange(frames, device=x.device), torch.arange(keys, device=x.device)
+        column = frames - 1 - rows[:, None] + columns[None, :]  # (T, K)
         position_scores = torch.gather(by_distance, 3, column.expand(batch, h, frames, keys))
         scores = torch.matmul(q + u[:, None, :], k.transpose(2, 3)) * scale + position_scores
         scores = scores.masked_fill(~allowed[:, None], MASKED)
@@ -142,18 +143,11 @@ class StreamingEncoderGraph(EncoderGraph):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The causal convolution module on x (B, T, D) after its cache (B, D, k-1) -> (B, T, D), the next cache."""
         p = f"encoder.layers.{index}.conv."
-        x = F.glu(F.linear(x, self.w[p + "pointwise_in.linear.weight"], self.w[p + "pointwise_in.linear.bias"]), -1)
+        x = self._pointwise_in(x, p)
         both = torch.cat([cache, x.transpose(1, 2)], dim=2)  # (B, D, k-1+T)
         weight = self.w[p + "depthwise.weight"]
         y = F.conv1d(both, weight, self.w[p + "depthwise.bias"], groups=int(weight.shape[0]))  # (B, D, T)
-        if self.batch_norm:
-            y = F.batch_norm(y, self.w[p + "norm.running_mean"], self.w[p + "norm.running_var"],
-                             self.w[p + "norm.weight"], self.w[p + "norm.bias"], False, 0.0, 1e-5)  # fmt: skip
-        else:
-            y = self._layer_norm(y.transpose(1, 2), p + "norm").transpose(1, 2)
-        y = F.silu(y).transpose(1, 2)
-        y = F.linear(y, self.w[p + "pointwise_out.linear.weight"], self.w[p + "pointwise_out.linear.bias"])
-        return y, both[:, :, x.shape[1] :]
+        return self._after_depthwise(y, p), both[:, :, x.shape[1] :]
 
     def forward(self, audio_signal: torch.Tensor, length: torch.Tensor, cache_last_channel: torch.Tensor,
                 cache_last_time: torch.Tensor, cache_last_channel_len: torch.Tensor) -> tuple:  # fmt: skip
@@ -163,8 +157,8 @@ class StreamingEncoderGraph(EncoderGraph):
         x = x[:, PRE_ENCODED : PRE_ENCODED + self.chunk] * self.xscale  # (B, C', D)
         lengths = torch.clamp(lengths - PRE_ENCODED, min=0, max=self.chunk)
         frames, memory = x.shape[1], self.memory
-        queries = memory + torch.arange(frames)
-        keys = torch.arange(memory + frames)
+        queries = memory + torch.arange(frames, device=x.device)
+        keys = torch.arange(memory + frames, device=x.device)
         allowed = context_allowed(queries, keys, self.context, self.style)[None]  # (1, T, K)
         valid_keys = (keys[None, :] >= memory - cache_last_channel_len[:, None]) & (
             keys[None, :] < memory + lengths[:, None])  # fmt: skip

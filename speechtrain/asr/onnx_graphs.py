@@ -145,8 +145,15 @@ class EncoderGraph(torch.nn.Module):
 
     def _convolution(self, x: torch.Tensor, mask: torch.Tensor, index: int) -> torch.Tensor:
         p = f"encoder.layers.{index}.conv."
-        x = F.glu(F.linear(x, self.w[p + "pointwise_in.linear.weight"], self.w[p + "pointwise_in.linear.bias"]), -1)
-        x = self._depthwise(x, mask, p + "depthwise.", 1)  # (B, D, T)
+        return self._after_depthwise(self._depthwise(self._pointwise_in(x, p), mask, p + "depthwise.", 1), p)
+
+    def _pointwise_in(self, x: torch.Tensor, p: str) -> torch.Tensor:
+        """The convolution module's input projection and GLU: (B, T, D) -> (B, T, D)."""
+        return F.glu(F.linear(x, self.w[p + "pointwise_in.linear.weight"], self.w[p + "pointwise_in.linear.bias"]), -1)
+
+    def _after_depthwise(self, x: torch.Tensor, p: str) -> torch.Tensor:
+        """The convolution module after its depthwise convolution (the offline and the streaming graph share it):
+        norm, SiLU and output projection, (B, D, T) -> (B, T, D)."""
         if self.batch_norm:
             x = F.batch_norm(x, self.w[p + "norm.running_mean"], self.w[p + "norm.running_var"],
                              self.w[p + "norm.weight"], self.w[p + "norm.bias"], False, 0.0, 1e-5)  # fmt: skip
