@@ -53,6 +53,26 @@ def tiny_ctc_config(manifest=None, **encoder):
 
 
 # ------------------------------------------------- the ASR example script, shrunk to a tiny model and DTMF
+def spread_weights(model):
+    """``model`` with every weight moved by 0.1 * N(0, 1), in eval mode: an untrained model says (almost) only
+    blank, and this makes it say something (the streaming and ONNX streaming tests compare transcripts)."""
+    import torch
+
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    return model.eval()
+
+
+def chirp(seconds=2.3, seed=1):
+    """A rising tone with a little noise at 16 kHz (float32), the streaming tests' audio."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    t = torch.arange(int(seconds * 16000)) / 16000
+    return (0.3 * torch.sin(2 * torch.pi * 440 * t * (1 + t)) + 0.05 * torch.randn(t.shape, generator=g)).float()
+
+
 def example_main():
     """``main`` of examples/asr_train.py, loaded fresh."""
     import importlib.util

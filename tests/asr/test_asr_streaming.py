@@ -4,6 +4,7 @@ and the final streaming hypothesis equals the offline greedy decode, label for l
 import pytest
 import soundfile as sf
 import torch
+from conftest import chirp, spread_weights
 
 from speechtrain.asr.conformer import ConformerConfig, ConformerEncoder
 from speechtrain.asr.ctc import ConformerCTCModel
@@ -45,22 +46,13 @@ def _model(cls=ConformerCTCModel, seed=0, **cfg):
     torch.manual_seed(seed)
     model = cls(_config(**cfg))
     model.configure_model()
-    with torch.no_grad():  # an untrained model says (almost) only blank: spread the weights so it says something
-        for p in model.parameters():
-            p.add_(0.1 * torch.randn_like(p))
-    return model.eval()
-
-
-def _audio(seconds=2.3, seed=1):
-    g = torch.Generator().manual_seed(seed)
-    t = torch.arange(int(seconds * 16000)) / 16000
-    return (0.3 * torch.sin(2 * torch.pi * 440 * t * (1 + t)) + 0.05 * torch.randn(t.shape, generator=g)).float()
+    return spread_weights(model)
 
 
 @pytest.mark.parametrize("kind", ["torchaudio", "nemo"])
 def test_streamed_features_equal_the_offline_ones(kind):
     pre = build_preprocessor(PreprocessorConfig(n_mels=16, dither=0.0, kind=kind, normalize="none"), 16000).eval()
-    audio = _audio(1.37)[None]
+    audio = chirp(1.37)[None]
     offline, lengths = pre(audio, torch.tensor([audio.shape[1]]))
     stream = FeatureStream(pre)
     pieces = [stream.push(audio[:, i : i + size]) for i, size in zip(range(0, 30000, 1000), [1000] * 30)
@@ -117,7 +109,7 @@ CASES = {
 def test_final_streaming_hypothesis_equals_the_offline_greedy_decode(case):
     cls, extra = CASES[case]
     model = _model(cls, **extra)
-    audio = _audio()
+    audio = chirp()
     for context in model.encoder.contexts:
         model.encoder.set_context(context)
         offline = model.transcribe([audio.numpy()], strategy="greedy")[0]
@@ -201,7 +193,7 @@ def test_cli_streaming_transcripts_equal_the_offline_greedy_ones(tmp_path, capsy
     model = _model(ConformerTransducerModel, **SMALL, loss="tdt", hybrid=True)
     archive = model.save_to(tmp_path / "stream.stm")
     for seed in range(2):
-        sf.write(tmp_path / f"u{seed}.wav", _audio(1.5 + seed, seed).numpy(), 16000)
+        sf.write(tmp_path / f"u{seed}.wav", chirp(1.5 + seed, seed).numpy(), 16000)
     out = tmp_path / "streamed.json"
     main([f"model_path={archive}", f"audio={tmp_path}", f"output={out}", "streaming=true", "chunk=8",
           "att_context_size=[4,0]", "device=cpu"])  # fmt: skip

@@ -7,6 +7,7 @@ import json
 import numpy as np
 import pytest
 import torch
+from conftest import chirp, spread_weights
 
 from speechtrain.asr import export_onnx as export
 from speechtrain.asr.ctc import ConformerCTCModel
@@ -37,16 +38,7 @@ def _model(cls, **extra):
            "normalize": "none"}, "spec_augment": None, "encoder": dict(STREAMING), **extra}  # fmt: skip
     model = cls(cfg)
     model.configure_model()
-    with torch.no_grad():  # an untrained model says (almost) only blank: spread the weights so it says something
-        for p in model.parameters():
-            p.add_(0.1 * torch.randn_like(p))
-    return model.eval()
-
-
-def _audio(seconds=2.3, seed=1):
-    g = torch.Generator().manual_seed(seed)
-    t = torch.arange(int(seconds * 16000)) / 16000
-    return (0.3 * torch.sin(2 * torch.pi * 440 * t * (1 + t)) + 0.05 * torch.randn(t.shape, generator=g)).float()
+    return spread_weights(model)
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
@@ -58,7 +50,7 @@ def test_onnx_streaming_steps_equal_pytorch_streaming_and_decode_the_offline_tra
     context = context or list(model.encoder.contexts[0])
     assert config["streaming"]["att_context_size"] == context and config["streaming"]["chunk_size"] == chunk
     model.encoder.set_context(context)
-    audio = _audio()
+    audio = chirp()
     stream = FeatureStream(model.preprocessor)
     feats = torch.cat([stream.push(audio[None]), stream.finish()], dim=2)  # (1, 80, F)
 
