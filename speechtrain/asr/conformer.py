@@ -49,7 +49,13 @@ from speechtrain.lightning import parallel_state
 from speechtrain.nn.dropout import Dropout
 from speechtrain.nn.init import seeded
 from speechtrain.nn.parallel import ColumnParallelLinear, RowParallelLinear
-from speechtrain.nn.transformer import FeedForward, MultiHeadAttention, relative_positions
+from speechtrain.nn.transformer import (
+    FeedForward,
+    MultiHeadAttention,
+    key_padding_bias,
+    logits_dtype,
+    relative_positions,
+)
 
 CONTEXT_STYLES = ("regular", "chunked_limited")
 
@@ -203,7 +209,8 @@ def context_allowed(queries: torch.Tensor, keys: torch.Tensor, context: tuple[in
 
 
 class MaskedBatchNorm1d(torch.nn.BatchNorm1d):
-    """Batch norm over (B, C, T) whose training statistics use valid frames only."""
+    """Batch norm over (B, C, T) whose training statistics use valid frames only (``mask`` (B, T): True or 1 on
+    them)."""
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
         if not self.training:
@@ -213,7 +220,8 @@ class MaskedBatchNorm1d(torch.nn.BatchNorm1d):
         count = valid.sum().clamp(min=1)
         mean = (x * valid).sum(dim=(0, 2)) / count
         centered = x - mean.view(1, channels, 1)  # (shared with the normalisation: one pass and its backward fewer)
-        var = ((centered * valid) ** 2).sum(dim=(0, 2)) / count
+        kept = centered * valid
+        var = (kept * kept).sum(dim=(0, 2)) / count  # (``kept * kept``: ``** 2``'s backward is twice the operators)
         if not getattr(_recomputing, "active", False):  # activation recomputation: counted in the first forward
             with torch.no_grad():
                 unbiased = var * count / (count - 1).clamp(min=1)
@@ -228,9 +236,10 @@ def _depthwise_over_time(
     conv: torch.nn.Conv1d, x: torch.Tensor, mask: torch.Tensor, before: torch.Tensor | None = None
 ) -> torch.Tensor:
     """The depthwise ``conv`` over the frames of x (B, T, D), zeros past each utterance's end (``mask`` (B, T): True
-    on valid frames), as a (k x 1) Conv2d on channels-last memory, which (B, T, D) already is: no transposed copies,
-    and the channels-last depthwise kernels (much faster than Conv1d's). ``before``: (B, P, D) frames put before x in
-    place of the convolution's padding there (a streaming cache; ``conv`` then pads nothing). Returns (B, D, T')."""
+    or 1 on valid frames), as a (k x 1) Conv2d on channels-last memory, which (B, T, D) already is: no transposed
+    copies, and the channels-last depthwise kernels (much faster than Conv1d's). ``before``: (B, P, D) frames put
+    before x in place of the convolution's padding there (a streaming cache; ``conv`` then pads nothing). Returns
+    (B, D, T')."""
     batch, frames, channels = x.shape
     x = x * mask.view(batch, frames, 1)
     if before is not None:
@@ -268,8 +277,9 @@ class ConvolutionModule(torch.nn.Module):
         self.dropout = Dropout(dropout)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """x (B, T, D), mask (B, T) True on valid frames -> (B, T, D)."""
+        """x (B, T, D), mask (B, T) True (or 1) on valid frames -> (B, T, D)."""
         x = F.glu(self.pointwise_in(x), dim=-1)  # (B, T, 2D) -> (B, T, D)
+        mask = mask.to(x.dtype)  # once for the convolution's and the norm's masking (and their backward)
         before, after = self.padding
         if before != after:
             zeros = x.new_zeros(x.shape[0], before, x.shape[2])
@@ -337,8 +347,9 @@ class ConformerLayer(torch.nn.Module):
     ) -> torch.Tensor:
         """x (B, T, D), mask (B, T) True on valid frames, positions (2T-1, D) relative-position encodings (computed
         by the attention when None), pad_mask ``~mask`` (computed here when None; the encoder makes it once for
-        all layers) -> (B, T, D). ``allowed``: (B, 1, T, T) bool, the keys each query may attend to (limited
-        context, padding included; ``pad_mask`` is then not used); None: every valid frame."""
+        all layers, additive: :func:`~speechtrain.nn.transformer.key_padding_bias`) -> (B, T, D). ``allowed``:
+        (B, 1, T, T) bool, the keys each query may attend to (limited context, padding included; ``pad_mask`` is
+        then not used); None: every valid frame."""
         x = torch.add(x, self.dropout(self.ff1(self.ff1_norm(x))), alpha=0.5)  # one operator for x + 0.5 * ff
         if allowed is not None:
             pad_mask = None
@@ -545,8 +556,9 @@ class ConformerEncoder(torch.nn.Module):
         x, lengths = self.subsampling(feats, lengths)
         x = self.dropout(x * self.xscale)
         mask = frame_mask(lengths, x.shape[1])
-        pad_mask = ~mask
-        positions = relative_positions(x.shape[1], x.shape[2], x.device)  # once for all layers (of a frame rate)
+        dtype = logits_dtype(x)
+        pad_mask = key_padding_bias(~mask, dtype)  # once for all layers (of a frame rate), as the positions
+        positions = relative_positions(x.shape[1], x.shape[2], x.device)
         full, full_pad = mask, pad_mask  # the output's frame mask
         allowed = self._allowed(mask)
         recompute = self.activation_checkpointing and self.training and torch.is_grad_enabled()
@@ -555,7 +567,7 @@ class ConformerEncoder(torch.nn.Module):
                 skip, full_positions = x, positions
                 x = self.time_reduction(x, mask)
                 mask = frame_mask(_conv_out_length(lengths), x.shape[1])
-                pad_mask = ~mask
+                pad_mask = key_padding_bias(~mask, dtype)
                 positions = relative_positions(x.shape[1], x.shape[2], x.device)
             if recompute:
                 x = torch.utils.checkpoint.checkpoint(

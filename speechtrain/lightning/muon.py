@@ -51,7 +51,7 @@ def orthogonalize(x: torch.Tensor, steps: int = 5, eps: float = 1e-7) -> torch.T
         x = x.mT
     x = x / x.norm(dim=(-2, -1), keepdim=True).clamp(min=eps)
     for _ in range(steps):
-        gram = x @ x.mT
+        gram = torch.bmm(x, x.mT)  # (not ``@``: its broadcasting adds views and reshapes per call)
         x = torch.baddbmm(x, torch.baddbmm(gram, gram, gram, beta=b, alpha=c), x, beta=a)
     return x.mT if tall else x
 
@@ -87,47 +87,96 @@ class GroupedMuon(torch.optim.Optimizer):
     @torch.no_grad()
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
         result = None if closure is None else torch.enable_grad()(closure)()
-        jobs = []  # (param, update, group) for every matrix, in parameter order: the same on every rank
+        # The matrices of one group and shape as one stacked tensor through the momentum and the iterations: a
+        # few operators per shape, not several per matrix (the CPU runs a ``_foreach`` operator one tensor at a time).
+        buckets = []  # (group, params, stacked Nesterov momenta) in parameter order: the same on every rank
         for g in self.param_groups:
             # (Under Megatron every parameter has its reduced gradient on every rank, so the ranks agree on the
             # matrices and on the all_gather's layout whatever the data.)
-            params = [p for p in g["params"] if p.grad is not None]
-            if not params:
-                continue
-            grads = [p.grad for p in params]
-            buffers = []
-            for p in params:
-                state = self.state[p]
-                if "momentum_buffer" not in state:
-                    state["momentum_buffer"] = torch.zeros_like(p)
-                buffers.append(state["momentum_buffer"])
-            torch._foreach_lerp_(buffers, grads, 1 - g["momentum"])
-            updates = torch._foreach_lerp(grads, buffers, g["momentum"])  # Nesterov: grad.lerp(buf, momentum)
-            jobs += [(p, u, g) for p, u in zip(params, updates, strict=True)]
-        buckets: dict[tuple, tuple[dict, list, list]] = {}  # one foreach update per group and shape
-        for (p, _, g), update in zip(jobs, self._orthogonalized(jobs), strict=True):
-            bucket = buckets.setdefault((id(g), tuple(p.shape)), (g, [], []))
-            bucket[1].append(p)
-            bucket[2].append(update)
-        for g, params, updates in buckets.values():
-            torch._foreach_mul_(params, 1 - g["lr"] * g["weight_decay"])
-            torch._foreach_add_(params, updates, alpha=-g["lr"] * lr_ratio(params[0].shape))
+            by_shape: dict[tuple, list] = {}
+            for p in g["params"]:
+                if p.grad is not None:
+                    by_shape.setdefault(tuple(p.shape), []).append(p)
+            for params in by_shape.values():
+                grads = torch.stack([p.grad for p in params])
+                momentum = self._momentum(params)
+                momentum.lerp_(grads, 1 - g["momentum"])
+                buckets.append((g, params, grads.lerp_(momentum, g["momentum"])))  # Nesterov: grad.lerp(buf, momentum)
+        for (g, params, _), update in zip(buckets, self._orthogonalized(buckets), strict=True):
+            if g["weight_decay"]:
+                # decoupled decay, p - lr * wd * p, as an add: one operator per matrix on the CPU, where a multiply by
+                # a Python number is several (its scalar converted per tensor); one kernel on GPUs either way
+                torch._foreach_add_(params, params, alpha=-g["lr"] * g["weight_decay"])
+            torch._foreach_add_(params, update.unbind(0), alpha=-g["lr"] * lr_ratio(params[0].shape))
         return result
 
-    def _orthogonalized(self, jobs: list) -> list[torch.Tensor]:
-        """The orthogonalised updates of ``jobs`` in order; with a process group, each rank computes its share."""
-        if not jobs:
+    def state_dict(self) -> dict[str, Any]:
+        """torch's state dict, each momentum as a tensor of its own (not a view of its shape's stack, which some
+        checkpoint writers would save whole, once per matrix)."""
+        state_dict = super().state_dict()
+        for index, state in state_dict["state"].items():  # (each the live state's dict: copied, not changed)
+            if "momentum_buffer" in state:
+                state_dict["state"][index] = {**state, "momentum_buffer": state["momentum_buffer"].clone()}
+        return state_dict
+
+    def _momentum(self, params: list[torch.Tensor]) -> torch.Tensor:
+        """(k, A, B): the momentum buffers of the same-shape ``params``, stacked; each one's state
+        ``momentum_buffer`` is a view of it, so checkpoints keep torch's per-parameter layout. Rebuilt from the
+        states when one was replaced (a loaded checkpoint, a move to another device)."""
+        stacks = self.__dict__.setdefault("_stacks", {})
+        key = tuple(id(p) for p in params)
+        states = [self.state[p] for p in params]
+        cached = stacks.get(key)
+        if cached is not None and all(s.get("momentum_buffer") is v for s, v in zip(states, cached[1], strict=True)):
+            return cached[0]
+        buffers = [s.get("momentum_buffer") for s in states]
+        if all(b is None for b in buffers):
+            stacked = params[0].new_zeros((len(params), *params[0].shape))
+        else:
+            stacked = torch.stack(
+                [torch.zeros_like(p) if b is None else b for p, b in zip(params, buffers, strict=True)]
+            )
+        views = stacked.unbind(0)
+        for state, view in zip(states, views, strict=True):
+            state["momentum_buffer"] = view
+        stacks[key] = (stacked, views)
+        return stacked
+
+    def _orthogonalized(self, buckets: list) -> list[torch.Tensor]:
+        """The orthogonalised updates of ``buckets`` ((k, A, B) each, the parameters' dtype) in order; with a
+        process group, each rank computes its share."""
+        if not buckets:
             return []
         world = 1 if self.group is None else torch.distributed.get_world_size(self.group)
-        rank = 0 if self.group is None else torch.distributed.get_rank(self.group)
+        if world == 1:
+            kinds: dict[tuple, list[int]] = {}  # buckets that stack: shape, dtype and Newton-Schulz settings
+            for i, (g, params, _) in enumerate(buckets):
+                kinds.setdefault((tuple(params[0].shape), params[0].dtype, g["ns_steps"], g["eps"]), []).append(i)
+            out: list[torch.Tensor | None] = [None] * len(buckets)
+            for (_, dtype, steps, eps), members in kinds.items():
+                stacked = torch.cat([buckets[i][2] for i in members]) if len(members) > 1 else buckets[members[0]][2]
+                result = orthogonalize(stacked, steps, eps).to(dtype)
+                out_parts = result.split([len(buckets[i][1]) for i in members]) if len(members) > 1 else (result,)
+                for i, part in zip(members, out_parts, strict=True):
+                    out[i] = part
+            return out  # type: ignore[return-value]
+        jobs = [(p, u, g) for g, params, updates in buckets for p, u in zip(params, updates.unbind(0), strict=True)]
+        updates = self._shared(jobs, world, torch.distributed.get_rank(self.group))
+        out, offset = [], 0
+        for _, params, _ in buckets:
+            out.append(torch.stack(updates[offset : offset + len(params)]))
+            offset += len(params)
+        return out
+
+    def _shared(self, jobs: list, world: int, rank: int) -> list[torch.Tensor]:
+        """The orthogonalised updates of ``jobs`` ((param, update, group) per matrix), each rank computing its
+        share."""
         shares = _assign(tuple(tuple(p.shape) for p, _, _ in jobs), world)
         out: list[torch.Tensor | None] = [None] * len(jobs)
         mine = {}
-        for (_, dtype, steps, eps), indices in _by_kind(jobs, shares[rank]).items():
+        for (_, _, steps, eps), indices in _by_kind(jobs, shares[rank]).items():
             result = orthogonalize(torch.stack([jobs[i][1] for i in indices]), steps, eps)
-            mine.update(zip(indices, (result if world > 1 else result.to(dtype)).unbind(0), strict=True))
-        if world == 1:
-            return [mine[i] for i in range(len(jobs))]
+            mine.update(zip(indices, result.unbind(0), strict=True))
         # One all_gather of every rank's share, flattened and padded to the largest share (bf16 moved as bytes:
         # plain data movement, which every backend supports).
         sizes = [sum(jobs[i][0].numel() for i in share) for share in shares]

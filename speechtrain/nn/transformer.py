@@ -60,6 +60,20 @@ def _fused_kernel_takes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias:
                                        cuda.can_use_cudnn_attention))  # fmt: skip
 
 
+def key_padding_bias(pad_mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A (B, S) bool ``pad_mask`` (True on padded keys) as the additive ``pad_mask`` that relative-position
+    attention also takes: 0 on valid keys, ``dtype``'s lowest finite value (``dtype``: the attention logits') on
+    padded ones. Made once per forward for all layers, it costs each layer one addition and its backward nothing,
+    where a bool mask costs each layer a ``masked_fill`` copy forward and another backward."""
+    return pad_mask.new_zeros(pad_mask.shape, dtype=dtype).masked_fill_(pad_mask, torch.finfo(dtype).min)
+
+
+def logits_dtype(x: torch.Tensor) -> torch.dtype:
+    """The dtype of attention logits computed from ``x``: autocast's where it is on, else ``x``'s."""
+    device = x.device.type
+    return torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else x.dtype
+
+
 def _attention_with_bias(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -72,12 +86,15 @@ def _attention_with_bias(
     kernel takes them: its unfused path (the CPU's whenever the bias needs a gradient) dispatches about 60 operators
     forward and 130 backward, this one about a third of that (the scale folded into the product that adds the bias).
 
-    q (B, h, T, d), k and v (B, h, S, d), pad_mask (B, S) True on padded keys -> (B, h, T, d). Padded keys get the
+    q (B, h, T, d), k and v (B, h, S, d), pad_mask (B, S) True on padded keys (or additive:
+    :func:`key_padding_bias`) -> (B, h, T, d). Padded keys get the
     lowest finite logit instead of -inf: their weight is still exactly 0 wherever a query has a valid key, and a
     query of an utterance with no valid frame gets finite values (which nothing reads) rather than NaN."""
     batch, heads, time, dim = q.shape
     keys = k.shape[2]
-    if pad_mask is not None:
+    if pad_mask is not None and pad_mask.is_floating_point():  # additive (:func:`key_padding_bias`)
+        bias = bias + pad_mask[:, None, None, :]
+    elif pad_mask is not None:
         bias = bias.masked_fill(pad_mask[:, None, None, :], torch.finfo(bias.dtype).min)
     bias = bias.expand(batch, heads, time, keys).reshape(batch * heads, time, keys)
     keys_t = k.reshape(batch * heads, keys, dim).transpose(1, 2)  # (B*h, d, S)
@@ -182,7 +199,8 @@ class MultiHeadAttention(torch.nn.Module):
 
         Args:
             x: (B, T, D) input (with ``cache``: the T newest positions).
-            pad_mask: (B, T) bool, True on padded frames (they are never attended to).
+            pad_mask: (B, T) bool, True on padded frames (they are never attended to); with relative positions
+                also the additive form of :func:`key_padding_bias`.
             causal: position i attends to positions <= i only.
             cache: incremental decoding (causal, absolute positions only): the keys and values of earlier
                 positions, read from and appended to this dict (``k``, ``v``: (B, h, T_past, d)).
@@ -223,6 +241,8 @@ class MultiHeadAttention(torch.nn.Module):
                 mask = mask.masked_fill(~allowed, float("-inf"))
             q = q + self.pos_bias_u
         else:
+            if pad_mask is not None and pad_mask.is_floating_point():
+                raise ValueError("An additive pad_mask (key_padding_bias) is for relative-position attention only.")
             mask = None if pad_mask is None else ~pad_mask[:, None, None, :]  # (B, 1, 1, T): True = may attend
             if causal:
                 past = k.shape[1] - time
@@ -236,7 +256,9 @@ class MultiHeadAttention(torch.nn.Module):
             if self.relative_positions and not _fused_kernel_takes(q, k, v, mask, dropout):
                 y = _attention_with_bias(q, k, v, mask, pad_mask, dropout)
             else:
-                if self.relative_positions and pad_mask is not None:
+                if self.relative_positions and pad_mask is not None and pad_mask.is_floating_point():
+                    mask = mask + pad_mask[:, None, None, :]
+                elif self.relative_positions and pad_mask is not None:
                     mask = mask.masked_fill(pad_mask[:, None, None, :], float("-inf"))
                 y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout)  # (B, h, T, d)
         y = y.transpose(1, 2).reshape(batch, time, self.local_heads * self.head_dim)  # (B, h, T, d) -> (B, T, h*d)

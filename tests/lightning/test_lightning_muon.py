@@ -49,6 +49,37 @@ def test_batched_muon_gives_torchs_muon_numbers():
         torch.testing.assert_close(a.detach(), b.detach(), rtol=0, atol=1e-6)
 
 
+def test_stacked_momentum_keeps_torchs_state_layout_and_resumes_from_it():
+    """The momenta of one shape live in one stacked tensor, but the state is torch's (a ``momentum_buffer`` per
+    matrix): a state dict loaded into a fresh optimizer (new tensors) or a buffer replaced from outside continues
+    as the uninterrupted run."""
+    shapes = [(8, 6), (8, 6), (6, 8), (8, 6)]
+    torch.manual_seed(0)
+    grads = [[torch.randn(s) for s in shapes] for _ in range(4)]
+    runs = []
+    for resume in (None, "state_dict", "replace"):
+        params = [torch.nn.Parameter(torch.ones(s)) for s in shapes]
+        muon = GroupedMuon(params, lr=0.02, weight_decay=0.1)
+        for step, step_grads in enumerate(grads):
+            if step == 2 and resume == "state_dict":
+                saved = muon.state_dict()
+                buffers = [saved["state"][i]["momentum_buffer"] for i in range(len(shapes))]
+                assert [tuple(b.shape) for b in buffers] == shapes
+                assert all(b.untyped_storage().nbytes() == b.numel() * b.element_size() for b in buffers)  # own
+                muon = GroupedMuon(params, lr=0.02, weight_decay=0.1)
+                muon.load_state_dict(saved)
+            if step == 2 and resume == "replace":  # e.g. Lightning moving the state to a device
+                for p in params:
+                    muon.state[p]["momentum_buffer"] = muon.state[p]["momentum_buffer"].clone()
+            for p, g in zip(params, step_grads, strict=True):
+                p.grad = g.clone()
+            muon.step()
+        runs.append([p.detach().clone() for p in params])
+    for run in runs[1:]:
+        for a, b in zip(run, runs[0], strict=True):
+            assert torch.equal(a, b)
+
+
 def test_orthogonalize_makes_the_singular_values_about_one():
     x = torch.randn(3, 16, 32)
     singular = torch.linalg.svdvals(orthogonalize(x).float())

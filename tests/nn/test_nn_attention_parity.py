@@ -12,7 +12,13 @@ import torch.nn.functional as F
 
 from speechtrain.asr.conformer import MaskedBatchNorm1d
 from speechtrain.nn import MultiHeadAttention
-from speechtrain.nn.transformer import _fused_kernel_takes, _relative_shift, relative_positions
+from speechtrain.nn.transformer import (
+    _fused_kernel_takes,
+    _relative_shift,
+    key_padding_bias,
+    logits_dtype,
+    relative_positions,
+)
 
 
 def _reference_attention(m: MultiHeadAttention, x, pad_mask, positions):
@@ -95,3 +101,35 @@ def test_masked_batch_norm_equals_the_reference(dtype, tolerance):
     new = _outputs_and_gradients(norm, lambda x: norm(x, mask), [x])
     ref = _outputs_and_gradients(norm, lambda x: _reference_batch_norm(norm, x, mask), [x])
     _assert_within([new[0], *new[1]], [ref[0], *ref[1]], tolerance)
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_an_additive_key_padding_bias_gives_the_bool_masks_numbers(fused):
+    """The encoder's additive pad mask (made once for all layers) equals the bool one, outputs and gradients, on
+    the lean path and (without gradients) on the fused kernel's. (An utterance with no valid frame differs in its
+    gradients, which nothing downstream reads: its outputs are masked; it stays finite.)"""
+    torch.manual_seed(0)
+    m = MultiHeadAttention(24, 2, relative_positions=True).train()
+    x = torch.randn(3, 7, 24)
+    positions = relative_positions(7, 24)
+    pad_mask = torch.arange(7)[None, :] >= torch.tensor([7, 3, 1])[:, None]
+    additive = key_padding_bias(pad_mask, logits_dtype(x))
+    if fused:
+        with torch.no_grad():
+            assert torch.equal(
+                m(x, pad_mask=additive, positions=positions), m(x, pad_mask=pad_mask, positions=positions)
+            )
+        return
+    new = _outputs_and_gradients(m, lambda x: m(x, pad_mask=additive, positions=positions), [x])
+    ref = _outputs_and_gradients(m, lambda x: m(x, pad_mask=pad_mask, positions=positions), [x])
+    for a, b in zip([new[0], *new[1]], [ref[0], *ref[1]], strict=True):
+        assert torch.equal(a, b)
+    empty = torch.arange(7)[None, :] >= torch.tensor([7, 3, 0])[:, None]
+    out, grads = _outputs_and_gradients(
+        m, lambda x: m(x, pad_mask=key_padding_bias(empty, x.dtype), positions=positions), [x]
+    )
+    assert torch.isfinite(out).all() and all(torch.isfinite(g).all() for g in grads)
+    with pytest.raises(ValueError, match="relative-position"):
+        MultiHeadAttention(24, 2)(x, pad_mask=additive)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert key_padding_bias(pad_mask, logits_dtype(x)).dtype == torch.bfloat16
