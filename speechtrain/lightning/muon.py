@@ -110,18 +110,10 @@ class GroupedMuon(torch.optim.Optimizer):
             torch._foreach_add_(params, update.unbind(0), alpha=-g["lr"] * lr_ratio(params[0].shape))
         return result
 
-    def state_dict(self) -> dict[str, Any]:
-        """torch's state dict, each momentum as a tensor of its own (not a view of its shape's stack, which some
-        checkpoint writers would save whole, once per matrix)."""
-        state_dict = super().state_dict()
-        for index, state in state_dict["state"].items():  # (each the live state's dict: copied, not changed)
-            if "momentum_buffer" in state:
-                state_dict["state"][index] = {**state, "momentum_buffer": state["momentum_buffer"].clone()}
-        return state_dict
-
     def _momentum(self, params: list[torch.Tensor]) -> torch.Tensor:
         """(k, A, B): the momentum buffers of the same-shape ``params``, stacked; each one's state
-        ``momentum_buffer`` is a view of it, so checkpoints keep torch's per-parameter layout. Rebuilt from the
+        ``momentum_buffer`` is a view of it, so checkpoints keep torch's per-parameter layout (``torch.save`` stores
+        the stack once; Megatron's and torch's distributed checkpoint writers copy each view out). Rebuilt from the
         states when one was replaced (a loaded checkpoint, a move to another device)."""
         stacks = self.__dict__.setdefault("_stacks", {})
         key = tuple(id(p) for p in params)
