@@ -131,6 +131,8 @@ class GroupedMuon(torch.optim.Optimizer):
         views = stacked.unbind(0)
         for state, view in zip(states, views, strict=True):
             state["momentum_buffer"] = view
+        for stale in [k for k in stacks if not set(k).isdisjoint(key)]:  # (another set of these matrices' stack)
+            del stacks[stale]
         stacks[key] = (stacked, views)
         return stacked
 

@@ -50,6 +50,23 @@ def test_batched_muon_gives_torchs_muon_numbers():
         torch.testing.assert_close(a.detach(), b.detach(), rtol=0, atol=1e-6)
 
 
+def test_a_matrix_without_a_gradient_keeps_its_momentum_as_torchs_muon_does():
+    shapes = [(8, 6), (8, 6), (8, 6)]
+    torch.manual_seed(0)
+    ours = [torch.nn.Parameter(torch.randn(s)) for s in shapes]
+    theirs = [torch.nn.Parameter(p.detach().clone()) for p in ours]
+    grouped = GroupedMuon(ours, lr=0.02, weight_decay=0.1)
+    reference = torch.optim.Muon(theirs, lr=0.02, weight_decay=0.1, adjust_lr_fn="match_rms_adamw")
+    for step in range(4):
+        for i, (a, b) in enumerate(zip(ours, theirs, strict=True)):
+            a.grad = None if (step == 1 and i == 1) else torch.randn(a.shape)
+            b.grad = None if a.grad is None else a.grad.clone()
+        grouped.step()
+        reference.step()
+    for a, b in zip(ours, theirs, strict=True):
+        torch.testing.assert_close(a.detach(), b.detach(), rtol=0, atol=1e-6)
+
+
 def test_stacked_momentum_keeps_torchs_state_layout_and_resumes_from_it():
     """The momenta of one shape live in one stacked tensor, but the state is torch's (a ``momentum_buffer`` per
     matrix): a state dict loaded into a fresh optimizer (new tensors) or a buffer replaced from outside continues
