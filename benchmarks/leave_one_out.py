@@ -3,6 +3,8 @@
 
     python benchmarks/leave_one_out.py --steps 1000                       # all engines, then piper out, festival out
     python benchmarks/leave_one_out.py --steps 1000 --left-out piper      # only the Piper run (and the baseline)
+    python benchmarks/leave_one_out.py --steps 1000 --left-out piper --no-baseline --tag pitch -- \
+        "model.train_ds.augmentation.pitch={min_factor: 0.88, max_factor: 1.15, prob: 0.5}"  # one change
 
 Each run trains the `make demo` recipe (``examples/asr_train.py --config-name asr_train_hybrid``, 2 processes, 30 s
 of audio per process per step) for the same number of optimizer steps (not the same wall time: the machine is
@@ -13,8 +15,11 @@ holds it out: ``heldout_engine``). The closing validation decodes greedy only; i
 (``greedy_breakdown.json`` in the run folder) gives the left-out engine's WER on ``test`` (sentences no training
 split reads), beside the same engine's WER when it was trained on (the baseline run, ``--left-out`` none).
 
+Overrides after ``--`` go to every run (one recipe change to measure, named by ``--tag``: the runs become
+``all_<tag>``, ``no_<engine>_<tag>``).
+
 Records (results/leave_one_out.jsonl): ``leave_one_out.<run>.greedy_wer.<set>.<engine>`` (``<run>``: ``all`` or
-``no_<engine>``), and ``...greedy_wer.<set>`` for each whole set.
+``no_<engine>``, ``_<tag>`` after it), and ``...greedy_wer.<set>`` for each whole set.
 """
 
 import argparse
@@ -71,15 +76,19 @@ def hydra_list(sources: list[dict]) -> str:
     return "[" + ", ".join(items) + "]"
 
 
-def train(left_out: str | None, steps: int, folder: Path) -> tuple[dict, dict, float]:
+def run_name(left_out: str | None, tag: str) -> str:
+    return ("all" if left_out is None else f"no_{left_out}") + (f"_{tag}" if tag else "")
+
+
+def train(left_out: str | None, steps: int, folder: Path, tag: str = "", overrides: tuple[str, ...] = ()):
     """One run: (closing metrics, per-engine breakdown, wall seconds)."""
-    run = "all" if left_out is None else f"no_{left_out}"
+    run = run_name(left_out, tag)
     command = [sys.executable, str(ROOT / "examples" / "asr_train.py"), "--config-name", "asr_train_hybrid",
                f"name=loo_{run}", f"exp_manager.exp_dir={folder}", "trainer.devices=2",
                "model.train_ds.batch_duration=30", f"trainer.max_steps={steps}", "trainer.max_time=null",
                f"trainer.val_check_interval={steps}", "trainer.check_val_every_n_epoch=null",
                "model.decoding.strategy=greedy",
-               f"model.train_ds.input_cfg={hydra_list(blend(left_out, count_utterances))}"]  # fmt: skip
+               f"model.train_ds.input_cfg={hydra_list(blend(left_out, count_utterances))}", *overrides]  # fmt: skip
     env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "PYTHONPATH": str(ROOT)}
     start = time.perf_counter()
     print("+", " ".join(command), flush=True)
@@ -109,15 +118,21 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--left-out", nargs="+", default=["piper", "festival"], choices=ENGINES,
                         help="engines left out, one run each (after the baseline run with every engine)")  # fmt: skip
     parser.add_argument("--no-baseline", action="store_true", help="skip the run with every engine")
+    parser.add_argument("--tag", default="", help="names the change that the overrides make (in the runs' names)")
     parser.add_argument("--no-record", action="store_true")
+    parser.add_argument("overrides", nargs="*", help="recipe overrides for every run (after --)")
     args = parser.parse_args(argv)
+    if args.overrides and not args.tag:
+        parser.error("name the change with --tag when giving overrides")
     runs = ([] if args.no_baseline else [None]) + list(args.left_out)
     command = f"python benchmarks/leave_one_out.py --steps {args.steps}"
+    if args.tag:
+        command += f" --tag {args.tag} -- " + " ".join(f"'{o}'" for o in args.overrides)
     rows = []
     with tempfile.TemporaryDirectory() as folder:
         for left_out in runs:
-            run = "all" if left_out is None else f"no_{left_out}"
-            metrics, breakdown, wall = train(left_out, args.steps, Path(folder))
+            run = run_name(left_out, args.tag)
+            metrics, breakdown, wall = train(left_out, args.steps, Path(folder), args.tag, tuple(args.overrides))
             found = figures(run, metrics, breakdown)
             rows.append((run, found, wall))
             if not args.no_record:
