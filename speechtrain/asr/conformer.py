@@ -216,7 +216,8 @@ class MaskedBatchNorm1d(torch.nn.BatchNorm1d):
         if not self.training:
             return super().forward(x)
         batch, channels, frames = x.shape
-        valid = mask.view(batch, 1, frames).to(x.dtype)
+        valid = mask.view(batch, 1, frames)
+        valid = valid if valid.dtype == x.dtype else valid.to(x.dtype)  # (the conv module's is already)
         count = valid.sum().clamp(min=1)
         mean = (x * valid).sum(dim=(0, 2)) / count
         centered = x - mean.view(1, channels, 1)  # (shared with the normalisation: one pass and its backward fewer)
