@@ -280,7 +280,8 @@ class ConvolutionModule(torch.nn.Module):
     def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """x (B, T, D), mask (B, T) True (or 1) on valid frames -> (B, T, D)."""
         x = F.glu(self.pointwise_in(x), dim=-1)  # (B, T, 2D) -> (B, T, D)
-        mask = mask.to(x.dtype)  # once for the convolution's and the norm's masking (and their backward)
+        if self.norm_type == "batch_norm":  # once for the convolution's and the norm's masking (and their backward)
+            mask = mask.to(x.dtype)
         before, after = self.padding
         if before != after:
             zeros = x.new_zeros(x.shape[0], before, x.shape[2])
