@@ -143,15 +143,14 @@ class GroupedMuon(torch.optim.Optimizer):
             return []
         world = 1 if self.group is None else torch.distributed.get_world_size(self.group)
         if world == 1:
-            kinds: dict[tuple, list[int]] = {}  # buckets that stack: shape, dtype and Newton-Schulz settings
+            kinds: dict[tuple, list[int]] = {}  # buckets that stack (groups with the same settings)
             for i, (g, params, _) in enumerate(buckets):
-                kinds.setdefault((tuple(params[0].shape), params[0].dtype, g["ns_steps"], g["eps"]), []).append(i)
+                kinds.setdefault(_kind(params[0], g), []).append(i)
             out: list[torch.Tensor | None] = [None] * len(buckets)
             for (_, dtype, steps, eps), members in kinds.items():
-                stacked = torch.cat([buckets[i][2] for i in members]) if len(members) > 1 else buckets[members[0]][2]
-                result = orthogonalize(stacked, steps, eps).to(dtype)
-                out_parts = result.split([len(buckets[i][1]) for i in members]) if len(members) > 1 else (result,)
-                for i, part in zip(members, out_parts, strict=True):
+                parts = [buckets[i][2] for i in members]
+                result = orthogonalize(parts[0] if len(parts) == 1 else torch.cat(parts), steps, eps).to(dtype)
+                for i, part in zip(members, result.split([len(x) for x in parts]), strict=True):
                     out[i] = part
             return out  # type: ignore[return-value]
         jobs = [(p, u, g) for g, params, updates in buckets for p, u in zip(params, updates.unbind(0), strict=True)]
@@ -191,12 +190,18 @@ class GroupedMuon(torch.optim.Optimizer):
         return out  # type: ignore[return-value]
 
 
+def _kind(p: torch.Tensor, g: dict) -> tuple:
+    """What matrices must share to be orthogonalised as one stack: shape, dtype and the group's Newton-Schulz
+    settings."""
+    return tuple(p.shape), p.dtype, g["ns_steps"], g["eps"]
+
+
 def _by_kind(jobs: list, indices: list[int]) -> dict[tuple, list[int]]:
-    """``indices`` grouped by what can be stacked: shape and the group's Newton-Schulz settings."""
+    """``indices`` grouped by :func:`_kind`."""
     kinds: dict[tuple, list[int]] = {}
     for i in indices:
         p, _, g = jobs[i]
-        kinds.setdefault((tuple(p.shape), p.dtype, g["ns_steps"], g["eps"]), []).append(i)
+        kinds.setdefault(_kind(p, g), []).append(i)
     return kinds
 
 
