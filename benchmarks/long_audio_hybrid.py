@@ -6,7 +6,8 @@ with word timestamps, on 2- and 10-minute files of one voice's speech from the b
 Each long file is one voice's test utterances (``builtin:speech/test``, ``--voice``, default Piper's neural voice:
 a long recording is mostly one speaker) one after another with 0.3 s pauses (from the start again when they run
 out), its reference their transcripts joined. For each file and decoding: ``transcribe_paths`` with the CLI's
-defaults (30 s chunks, 4 s of context) and ``timestamps=true``, timed (RTFx: audio seconds per second, model loading
+defaults (split at pauses, 30 s chunks, 4 s of context; ``--split fixed``: chunks only) and
+``timestamps=true``, timed (RTFx: audio seconds per second, model loading
 excluded), its WER against the reference, and the WER of the same utterances decoded one by one (what the model
 does on the inputs it was trained on, the baseline for the long file). On the 2-minute file also the whole file in
 one pass (no chunks; it fits in memory), and the WER between the two transcripts. ``--record`` appends the figures
@@ -58,11 +59,11 @@ def long_file(path: Path, minutes: float, voice: str, skip: int = 0) -> tuple[di
     return row, parts
 
 
-def run(model, row: dict, decoding: str, chunk_len: float | None = 30.0) -> tuple[float, dict]:
+def run(model, row: dict, decoding: str, chunk_len: float | None = 30.0, split: str = "pauses") -> tuple[float, dict]:
     model.cfg.decoding.strategy = decoding
     start = time.perf_counter()
     (out,) = transcribe_paths(
-        model, [dict(row)], chunk_len=chunk_len, chunk_overlap=4.0, timestamps=chunk_len is not None
+        model, [dict(row)], chunk_len=chunk_len, chunk_overlap=4.0, timestamps=chunk_len is not None, split=split
     )
     return row["duration"] / (time.perf_counter() - start), out
 
@@ -73,6 +74,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--minutes", default="2,10", help="file lengths in minutes")
     parser.add_argument("--voice", default="piper:joe", help="the voice of builtin:speech/test the files are made of")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--split", default="pauses", choices=("pauses", "fixed"), help="the CLI's split")
     parser.add_argument("--record", action="store_true", help="append the figures to results/speed.jsonl")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -84,7 +86,7 @@ def main(argv: list[str] | None = None) -> None:
         for n, minutes in enumerate(float(m) for m in args.minutes.split(",")):
             row, parts = long_file(Path(tmp) / f"long{n}.wav", minutes, args.voice, skip=40 * n)
             for decoding in ("greedy", "beam"):
-                speed, out = run(model, row, decoding)
+                speed, out = run(model, row, decoding, split=args.split)
                 wer = word_error_rate([norm(out["pred_text"])], [norm(row["text"])])
                 alone = transcribe_paths(model, [dict(r) for r in parts])
                 alone_wer = word_error_rate([norm(r["pred_text"]) for r in alone], [norm(r["text"]) for r in parts])
@@ -104,18 +106,20 @@ def main(argv: list[str] | None = None) -> None:
         from results import append
 
         command = f"python benchmarks/long_audio_hybrid.py --model <asr_demo.stm> --voice {args.voice}"
+        command += "" if args.split == "pauses" else " --split fixed"
+        split = "split at pauses, then" if args.split == "pauses" else "fixed"
         for line in rows:
             minutes = f"{line['minutes']:g}".replace(".", "_")
             note = (f"demo archive (hybrid TDT-CTC), {line['minutes']:g}-min file of {args.voice}'s "
-                    f"builtin:speech/test utterances, 30 s chunks + 4 s context, word timestamps, {args.threads} "
-                    f"threads; WER {line['wer']}% (the same utterances one by one: "
+                    f"builtin:speech/test utterances, {split} 30 s chunks + 4 s context, word timestamps, "
+                    f"{args.threads} threads; WER {line['wer']}% (the same utterances one by one: "
                     f"{line['utterances_alone_wer']}%); load average {load:.1f} at the start")  # fmt: skip
             if "whole_file_wer" in line:
                 note += (f"; whole file in one pass {line['whole_file_wer']}%, chunked vs whole transcripts differ by "
                          f"{line['chunked_vs_whole']}%")  # fmt: skip
-            append(
-                f"speed.long_audio_rtfx.hybrid_{line['decoding']}_{minutes}min", line["rtfx"], "RTFx", command, note
-            )
+            suffix = "" if args.split == "pauses" else "_fixed"
+            figure = f"speed.long_audio_rtfx.hybrid_{line['decoding']}_{minutes}min{suffix}"
+            append(figure, line["rtfx"], "RTFx", command, note)
 
 
 if __name__ == "__main__":

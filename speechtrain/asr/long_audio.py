@@ -16,6 +16,14 @@ beginning with ``▁``, or a character after a space, starts a word). Times are 
 
 NeMo does the same with its buffered/chunked CTC inference scripts; nothing in lhotse, Lightning or torchaudio
 does chunked CTC inference for an arbitrary model, hence this module.
+
+Split at pauses (:func:`transcribe_segmented`, the transcribe CLI's default ``split=pauses``): a model trained on
+single utterances hears a window of several sentences, normalised together, worse than each sentence alone (the
+demo's model's figures are in docs/asr.md, "Long audio and timestamps"). So the file is first
+cut where the signal stays quiet for ``min_pause`` seconds (:func:`speech_segments`), and each stretch of speech is
+decoded on its own, like an utterance; a stretch longer than a chunk is chunked as above. The pauses come from frame
+energies against the file's own noise floor: a voice-activity detector with a model would need weights that we may
+not download, torchaudio's ``vad`` only trims a file's leading silence, and lhotse cuts at supervisions it is given.
 """
 
 import math
@@ -23,10 +31,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import soundfile as sf
 import torch
 
 WORD_START = "\u2581"
+_ENERGY_BLOCK_FRAMES = 6000  # energy frames (a hundredth of a second each) read at a time when looking for pauses
 
 
 @dataclass
@@ -85,6 +95,22 @@ def transcribe_chunked(
         batch_size: chunks run through the model at once.
         offset, duration: the segment of the file (seconds); None: to the end.
     """
+    end = None if duration is None else offset + duration
+    return _transcribe_spans(model, path, [(offset, end)], chunk_len, overlap, timestamps, batch_size)[0]
+
+
+def _transcribe_spans(
+    model: Any,
+    path: str | Path,
+    spans: list[tuple[float, float | None]],
+    chunk_len: float,
+    overlap: float,
+    timestamps: bool,
+    batch_size: int,
+) -> list[ChunkedOutput]:
+    """Each span ``(start, end)`` (seconds; end None: the file's end) of a file transcribed on its own, in chunks
+    where it is longer than one; the chunks of all spans share batches of at most ``batch_size`` full windows of
+    audio (many short spans fill one batch)."""
     if chunk_len <= 0 or overlap < 0:
         raise ValueError(f"chunk_len must be > 0 and overlap >= 0 seconds, got {chunk_len} and {overlap}.")
     if not hasattr(model, "blank") or not hasattr(model, "tokenizer"):
@@ -93,49 +119,146 @@ def transcribe_chunked(
     transducer = hasattr(model, "greedy_hypotheses")
     info = sf.info(str(path))
     file_rate, rate = info.samplerate, model.cfg.sample_rate
-    begin = round(offset * file_rate)
-    end = info.frames if duration is None else min(info.frames, begin + round(duration * file_rate))
     step, context = round(chunk_len * file_rate), round(overlap / 2 * file_rate)
     fs = frame_seconds(model)
     greedy = model.cfg.decoding.strategy == "greedy" if hasattr(model.cfg, "decoding") else True
-    labels: list[torch.Tensor] = []  # per-frame best labels (greedy alignment, timestamps)
-    rows: list[torch.Tensor] = []  # per-frame log-probabilities (beam search only)
-    starts = list(range(begin, max(end, begin + 1), step))
-    for first in range(0, len(starts), batch_size):
-        windows, spans = [], []
-        for own_start in starts[first : first + batch_size]:
+    bounds, chunks = [], []  # each span's (begin, end) samples; (span, window start, own start, own end) per chunk
+    for index, (start, stop) in enumerate(spans):
+        begin = round(start * file_rate)
+        end = info.frames if stop is None else min(info.frames, round(stop * file_rate))
+        bounds.append((begin, end))
+        for own_start in range(begin, max(end, begin + 1), step):
             own_end = min(own_start + step, end)
-            lo, hi = max(begin, own_start - context), min(end, own_end + context)
-            windows.append(_read(str(path), lo, hi - lo, file_rate, rate))
-            spans.append((lo, own_start, own_end))
+            chunks.append((index, max(begin, own_start - context), own_start, own_end, min(end, own_end + context)))
+    labels: list[list[torch.Tensor]] = [[] for _ in spans]  # per-frame best labels (greedy alignment, timestamps)
+    rows: list[list[torch.Tensor]] = [[] for _ in spans]  # per-frame log-probabilities (beam search, transducers)
+    budget, first = batch_size * (step + 2 * context), 0
+    while first < len(chunks):
+        last, total = first, 0
+        while last < len(chunks) and (last == first or total + chunks[last][4] - chunks[last][1] <= budget):
+            total += chunks[last][4] - chunks[last][1]
+            last += 1
+        batch = chunks[first:last]
+        first = last
+        windows = [_read(str(path), lo, hi - lo, file_rate, rate) for _, lo, _, _, hi in batch]
         lens = torch.tensor([len(w) for w in windows])
         audio = torch.zeros(len(windows), int(lens.max()))
         for i, w in enumerate(windows):
             audio[i, : len(w)] = w
         with torch.inference_mode():
             log_probs, out_lens = model(audio.to(model.device), lens.to(model.device))  # (B, F, V+1), (B,)
-        for i, (lo, own_start, own_end) in enumerate(spans):
+        for i, (index, lo, own_start, own_end, _) in enumerate(batch):
+            begin, end = bounds[index]
             count = int(out_lens[i])
-            centres = (lo - begin) / file_rate + (torch.arange(count) + 0.5) * fs  # seconds from the segment start
+            centres = (lo - begin) / file_rate + (torch.arange(count) + 0.5) * fs  # seconds from the span start
             keep = (centres >= (own_start - begin) / file_rate) & (centres < (own_end - begin) / file_rate)
             if own_end == end:  # the last chunk keeps its trailing frames (the encoder may round lengths up)
                 keep |= centres >= (own_end - begin) / file_rate
             kept = log_probs[i, :count][keep.to(log_probs.device)].float().cpu()
             if transducer or not greedy:
-                rows.append(kept)
+                rows[index].append(kept)
             if not transducer:
-                labels.append(kept.argmax(-1))
-    if transducer:
-        return _transducer_output(model, rows, greedy, timestamps, fs, offset)
-    best = torch.cat(labels) if labels else torch.zeros(0, dtype=torch.long)
-    if greedy:
-        ids = [int(i) for i in torch.unique_consecutive(best) if int(i) != model.blank]
-        text = model.tokenizer.decode(ids)
-    else:
-        merged = torch.cat(rows)[None]  # (1, F, V+1)
-        text = model.decode(merged.to(model.device), torch.tensor([merged.shape[1]], device=model.device))[0]
-    words = word_timestamps(best, model.blank, model.tokenizer, fs, offset) if timestamps else None
-    return ChunkedOutput(text=text, words=words, frames=int(best.numel()), frame_seconds=fs)
+                labels[index].append(kept.argmax(-1))
+    outputs = []
+    for index, (begin, _) in enumerate(bounds):
+        offset = begin / file_rate
+        if transducer:
+            outputs.append(_transducer_output(model, rows[index], greedy, timestamps, fs, offset))
+            continue
+        best = torch.cat(labels[index]) if labels[index] else torch.zeros(0, dtype=torch.long)
+        if greedy:
+            ids = [int(i) for i in torch.unique_consecutive(best) if int(i) != model.blank]
+            text = model.tokenizer.decode(ids)
+        else:
+            merged = torch.cat(rows[index])[None]  # (1, F, V+1)
+            text = model.decode(merged.to(model.device), torch.tensor([merged.shape[1]], device=model.device))[0]
+        words = word_timestamps(best, model.blank, model.tokenizer, fs, offset) if timestamps else None
+        outputs.append(ChunkedOutput(text=text, words=words, frames=int(best.numel()), frame_seconds=fs))
+    return outputs
+
+
+def speech_segments(
+    path: str | Path,
+    min_pause: float = 0.3,
+    margin: float = 0.2,
+    offset: float = 0.0,
+    duration: float | None = None,
+    min_speech: float = 0.1,
+) -> list[tuple[float, float]]:
+    """Stretches of speech of ``[offset, offset + duration)`` of an audio file, split at pauses: ``(start, end)`` in
+    seconds from the file start, in order.
+
+    Energies of frames of a hundredth of a second, read in blocks (a 1-hour file needs its 360,000 frame energies,
+    not its audio). A frame is quiet below ``floor + max(6 dB, 0.3 (top - floor))``, floor and top being the 10th and
+    95th percentiles of the frame energies: the threshold follows the file's own noise and level. A run of quiet
+    frames of at least ``min_pause`` seconds is a pause; speech between pauses shorter than ``min_speech`` (a click)
+    is dropped. Each stretch keeps up to ``margin`` seconds of the pauses around it (never more than half of a
+    pause). A file with no clear pause (its top less than 10 dB above its floor, a silent file too) is one stretch.
+    """
+    if min_pause <= 0 or margin < 0:
+        raise ValueError(f"min_pause must be > 0 and margin >= 0 seconds, got {min_pause} and {margin}.")
+    info = sf.info(str(path))
+    rate = info.samplerate
+    begin = round(offset * rate)
+    end = info.frames if duration is None else min(info.frames, begin + round(duration * rate))
+    hop = max(1, round(0.01 * rate))
+    hop_s = hop / rate
+    energies = []
+    with sf.SoundFile(str(path)) as f:
+        f.seek(begin)
+        remaining = end - begin
+        while remaining > 0:
+            block = f.read(min(remaining, _ENERGY_BLOCK_FRAMES * hop), dtype="float32", always_2d=True).mean(axis=1)
+            if not len(block):
+                break
+            remaining -= len(block)
+            padded = np.zeros(-(-len(block) // hop) * hop, dtype=np.float32)
+            padded[: len(block)] = block
+            energies.append((padded.reshape(-1, hop) ** 2).mean(axis=1))
+    if not energies:
+        return []
+    db = 10.0 * np.log10(np.concatenate(energies) + 1e-10)
+    floor, top = np.percentile(db, 10), np.percentile(db, 95)
+    first, last = begin / rate, end / rate
+    if top - floor < 10.0:
+        return [(first, last)]
+    speech = db > floor + max(6.0, 0.3 * (top - floor))
+    edges = np.flatnonzero(np.diff(np.concatenate([[0], speech.astype(np.int8), [0]])))
+    starts, ends = edges[0::2], edges[1::2]  # runs of speech frames [start, end)
+    if not len(starts):
+        return []
+    split = np.flatnonzero((starts[1:] - ends[:-1]) * hop_s >= min_pause)
+    starts = np.concatenate([starts[:1], starts[split + 1]]) * hop_s + first
+    ends = np.concatenate([ends[split], ends[-1:]]) * hop_s + first
+    keep = ends - starts >= min_speech
+    starts, ends = starts[keep], ends[keep]
+    out = []
+    for i, (start, stop) in enumerate(zip(starts.tolist(), ends.tolist())):
+        lo = max(start - margin, first if i == 0 else (ends[i - 1] + start) / 2)
+        hi = min(stop + margin, last if i == len(starts) - 1 else (stop + starts[i + 1]) / 2)
+        out.append((round(lo, 4), round(min(hi, last), 4)))
+    return out
+
+
+def transcribe_segmented(
+    model: Any,
+    path: str | Path,
+    chunk_len: float = 30.0,
+    overlap: float = 4.0,
+    timestamps: bool = False,
+    batch_size: int = 4,
+    offset: float = 0.0,
+    duration: float | None = None,
+    min_pause: float = 0.3,
+) -> ChunkedOutput:
+    """Transcribe ``[offset, offset + duration)`` of an audio file split at its pauses (:func:`speech_segments`):
+    each stretch of speech on its own with :func:`transcribe_chunked` (in chunks where it is longer than
+    ``chunk_len + overlap``); transcripts joined with spaces, word times from the file start."""
+    spans = speech_segments(path, min_pause, offset=offset, duration=duration)
+    outputs = _transcribe_spans(model, path, spans, chunk_len, overlap, timestamps, batch_size) if spans else []
+    text = " ".join(t for out in outputs if (t := out.text.strip()))
+    words = [w for out in outputs for w in out.words or []] if timestamps else None
+    return ChunkedOutput(text, words, sum(out.frames for out in outputs), frame_seconds(model))
 
 
 def _transducer_output(

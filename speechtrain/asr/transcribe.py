@@ -3,7 +3,8 @@
     python -m speechtrain.asr.transcribe model_path=model.stm audio=test_manifest.json \\
         [output=preds.json] [batch_duration=300] [batch_size=null] [device=auto|cpu|cuda] [precision=32|bf16] \\
         [decoding=greedy|beam] [lm_path=lm.arpa] [beam_size=16] [lm_weight=1.0] [word_score=0.0] \\
-        [decoder_type=transducer|ctc] [chunk_len=30] [chunk_overlap=4] [timestamps=false] [wer.lowercase=true ...]
+        [decoder_type=transducer|ctc] [chunk_len=30] [chunk_overlap=4] [split=pauses|fixed] [min_pause=0.3] \\
+        [timestamps=false] [wer.lowercase=true ...]
         [streaming=true [chunk=2] [att_context_size=[70,1]]]
 
 Decoding follows the model's ``decoding`` config (the demo's archives: beam search with the word 3-gram LM fitted
@@ -17,7 +18,9 @@ manifest, the corpus WER (and CER) is printed, with the real-time factor (RTFx: 
 transcription, model loading excluded).
 
 Files longer than ``chunk_len + chunk_overlap`` seconds (any length: a 1-hour file in bounded memory) are
-transcribed in chunks with overlapping context by :mod:`speechtrain.asr.long_audio`; ``timestamps=true`` adds
+transcribed by :mod:`speechtrain.asr.long_audio`: split where the audio pauses for ``min_pause`` seconds, each
+stretch of speech decoded on its own (``split=pauses``), and stretches longer than a chunk, or the whole file with
+``split=fixed``, in chunks of ``chunk_len`` seconds with overlapping context; ``timestamps=true`` adds
 ``words: [{"word", "start", "end"}, ...]`` (seconds, from the CTC alignment) to every row.
 
 ``streaming=true`` runs a cache-aware streaming model (:mod:`speechtrain.asr.streaming`) as a live client would:
@@ -44,7 +47,7 @@ from omegaconf import OmegaConf
 
 from speechtrain import backends
 from speechtrain.asr.decoding import STRATEGIES
-from speechtrain.asr.long_audio import needs_chunking, transcribe_chunked
+from speechtrain.asr.long_audio import needs_chunking, transcribe_chunked, transcribe_segmented
 from speechtrain.common import metrics
 from speechtrain.common.cli import fail, parse_key_values
 from speechtrain.common.config import ConfigError
@@ -59,6 +62,7 @@ AUDIO_SUFFIXES = (".wav", ".flac", ".ogg", ".mp3")
 MANIFEST_SUFFIXES = (".json", ".jsonl")
 DEVICES = ("auto", "cpu", "cuda")
 PRECISIONS = ("32", "bf16")
+SPLITS = ("pauses", "fixed")
 
 
 @dataclass
@@ -81,6 +85,10 @@ class TranscribeConfig:
         chunk_len: files longer than ``chunk_len + chunk_overlap`` seconds are transcribed in chunks of this many
             seconds (None: never).
         chunk_overlap: seconds of context around each chunk (half on each side).
+        split: how a file longer than a chunk is cut: ``pauses`` (where it pauses for ``min_pause`` seconds, each
+            stretch of speech decoded on its own, in chunks where longer than one) or ``fixed`` (consecutive chunks,
+            their outputs merged: one decode of the whole file).
+        min_pause: seconds of quiet that make a pause (``split=pauses``).
         timestamps: add word start and end times to each row (CTC alignment).
         wer: normalisation before WER/CER (``wer.lowercase=true wer.remove_punctuation=true wer.numbers=true``);
             None: the model's ``wer`` config. The choice is printed with the WER.
@@ -104,6 +112,8 @@ class TranscribeConfig:
     decoder_type: str | None = None
     chunk_len: float | None = 30.0
     chunk_overlap: float = 4.0
+    split: str = "pauses"
+    min_pause: float = 0.3
     timestamps: bool = False
     wer: WerConfig | None = None
     streaming: bool = False
@@ -219,6 +229,13 @@ def plan_batches(durations: Sequence[float], batch_duration: float | None, batch
     return batches
 
 
+def _check_split(split: str, min_pause: float) -> None:
+    if split not in SPLITS:
+        raise ValueError(f"split={split}: expected one of {', '.join(SPLITS)}.")
+    if not min_pause > 0:
+        raise ValueError(f"min_pause={min_pause}: expected seconds > 0.")
+
+
 def _check_limits(batch_duration: float | None, batch_size: int | None) -> None:
     if batch_duration is not None and batch_duration <= 0:
         raise ValueError(f"batch_duration must be > 0 seconds or null, got {batch_duration}.")
@@ -254,6 +271,8 @@ def transcribe_paths(
     chunk_len: float | None = 30.0,
     chunk_overlap: float = 4.0,
     timestamps: bool = False,
+    split: str = "pauses",
+    min_pause: float = 0.3,
 ) -> list[dict[str, Any]]:
     """Transcribe many utterances with ``model.transcribe``, batched by duration.
 
@@ -267,6 +286,8 @@ def transcribe_paths(
         precision: ``"32"``, or ``"bf16"`` to run under bf16 autocast on the model's device.
         chunk_len, chunk_overlap: files longer than ``chunk_len + chunk_overlap`` seconds are transcribed in
             chunks (:func:`speechtrain.asr.long_audio.transcribe_chunked`), one file at a time.
+        split, min_pause: ``pauses``: such a file is first split where it pauses for ``min_pause`` seconds
+            (:func:`speechtrain.asr.long_audio.transcribe_segmented`); ``fixed``: chunks only.
         timestamps: add ``words`` (``{"word", "start", "end"}`` in seconds) to every row.
 
     Returns:
@@ -275,6 +296,7 @@ def transcribe_paths(
         ``error`` message.
     """
     _check_limits(batch_duration, batch_size)
+    _check_split(split, min_pause)
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}.")
     rows = _as_rows(inputs)
@@ -297,7 +319,9 @@ def transcribe_paths(
         chunked = [i for i, d in enumerate(durations) if timestamps or needs_chunking(d, chunk_len, chunk_overlap)]
         with autocast:
             for i in chunked:
-                _transcribe_long(model, rows[readable[i]], chunk_len or durations[i], chunk_overlap, timestamps)
+                at_pauses = split == "pauses" and needs_chunking(durations[i], chunk_len, chunk_overlap)
+                _transcribe_long(model, rows[readable[i]], chunk_len or durations[i], chunk_overlap, timestamps,
+                                 min_pause if at_pauses else None)  # fmt: skip
         done = set(chunked)
         readable = [r for j, r in enumerate(readable) if j not in done]
         durations = [d for j, d in enumerate(durations) if j not in done]
@@ -332,11 +356,18 @@ def transcribe_paths(
     return rows
 
 
-def _transcribe_long(model: Any, row: dict[str, Any], chunk_len: float, overlap: float, timestamps: bool) -> None:
-    """Fill ``row`` (``pred_text``, ``words``) by chunked transcription; an error is reported in the row."""
+def _transcribe_long(
+    model: Any, row: dict[str, Any], chunk_len: float, overlap: float, timestamps: bool, min_pause: float | None
+) -> None:
+    """Fill ``row`` (``pred_text``, ``words``) by chunked transcription, split at pauses of ``min_pause`` seconds
+    first unless it is None; an error is reported in the row."""
+    where = {"offset": float(row.get("offset", 0.0)), "duration": row.get("duration")}
     try:
-        out = transcribe_chunked(model, row["audio_filepath"], chunk_len, overlap, timestamps,
-                                 offset=float(row.get("offset", 0.0)), duration=row.get("duration"))  # fmt: skip
+        if min_pause is None:
+            out = transcribe_chunked(model, row["audio_filepath"], chunk_len, overlap, timestamps, **where)
+        else:
+            out = transcribe_segmented(model, row["audio_filepath"], chunk_len, overlap, timestamps,
+                                       min_pause=min_pause, **where)  # fmt: skip
     except Exception as error:  # one bad file must not stop the run: it is reported in its row
         row["error"] = _error_text(error)
         return
@@ -432,6 +463,10 @@ def parse_args(argv: Sequence[str]) -> TranscribeConfig:
         if getattr(cfg, key) is not None and getattr(cfg, key) not in choices:
             raise ConfigError(f"{key}={getattr(cfg, key)}: expected one of {', '.join(choices)}.")
     _check_limits(cfg.batch_duration, cfg.batch_size)
+    try:
+        _check_split(cfg.split, cfg.min_pause)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
     if not cfg.streaming and (cfg.chunk is not None or cfg.att_context_size is not None):
         raise ConfigError("chunk and att_context_size are streaming options: add streaming=true.")
     if cfg.streaming and cfg.timestamps:
@@ -485,7 +520,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             fail(str(e))
     else:
         rows = transcribe_paths(model, rows, cfg.batch_duration, cfg.batch_size, cfg.precision, cfg.chunk_len,
-                                cfg.chunk_overlap, cfg.timestamps)  # fmt: skip
+                                cfg.chunk_overlap, cfg.timestamps, cfg.split, cfg.min_pause)  # fmt: skip
     seconds = time.perf_counter() - start
 
     output = Path(cfg.output) if cfg.output else default_output(cfg.audio)

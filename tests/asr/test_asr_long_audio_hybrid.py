@@ -1,7 +1,8 @@
 """Long files through the transcribe CLI (a real process) with the demo recipe's own model: a hybrid TDT-CTC
 Conformer composed from ``asr_train_hybrid.yaml`` at a tiny width (its half-rate middle layers, self-conditioned
 intermediate CTC, TDT frame stacking and a 64-piece BPE tokenizer kept), with a word LM in its archive as the demo's
-has. Greedy and beam, with word timestamps; on a 2-minute file the chunked transcript equals the whole-file decode.
+has. Greedy and beam, with word timestamps; on a 2-minute file the chunked transcript (``split=fixed``) equals the
+whole-file decode; a 45 s file split at its pauses (the default) decodes as its stretches of speech do alone.
 
 The model is random, with its self-attention's values zeroed: every frame then depends on a bounded stretch of
 audio (convolutions and feed-forward layers only), shorter than the chunks' context, so chunking may not change a
@@ -76,10 +77,11 @@ def _long_file(path: Path, seconds: float) -> np.ndarray:
     return audio
 
 
-def _cli(model_path: Path, audio: Path, out: Path, decoding: str, decoder_type: str = "transducer") -> dict:
+def _cli(model_path: Path, audio: Path, out: Path, decoding: str, decoder_type: str = "transducer",
+         split: str = "fixed") -> dict:  # fmt: skip
     command = [sys.executable, "-m", "speechtrain.asr.transcribe", f"model_path={model_path}", f"audio={audio}",
                f"output={out}", f"decoding={decoding}", f"decoder_type={decoder_type}", "timestamps=true",
-               "device=cpu"]  # fmt: skip
+               "device=cpu", f"split={split}"]  # fmt: skip
     done = subprocess.run(command, capture_output=True, text=True, timeout=600, check=False,
                           env={**os.environ, "OMP_WAIT_POLICY": "PASSIVE"})  # fmt: skip
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
@@ -127,6 +129,28 @@ def test_a_two_minute_file_decodes_in_chunks_as_the_whole_file(tmp_path, decodin
         assert [(w["word"], w["start"]) for w in row["words"]] == [
             (w["word"], pytest.approx(w["start"], abs=1e-3)) for w in expected
         ]
+
+
+def test_a_45_second_file_split_at_pauses_decodes_each_stretch_alone(tmp_path):
+    """The CLI's default split: a 45 s file of three stretches of bursts between 1 s pauses decodes as the
+    stretches do, each cut out on its own."""
+    from speechtrain.asr.long_audio import speech_segments
+
+    model, path = _demo_model(tmp_path)
+    audio = _long_file(tmp_path / "base.wav", 14.0)
+    silence = np.zeros(16000, dtype=np.float32)
+    audio = np.concatenate([silence, audio, silence, audio[::-1], silence, audio, silence])
+    sf.write(tmp_path / "three.wav", audio, 16000, subtype="FLOAT")
+    row = _cli(path, tmp_path / "three.wav", tmp_path / "out.json", "greedy", split="pauses")
+    _check(row, len(audio) / 16000)
+    stretches = speech_segments(tmp_path / "three.wav")
+    assert len(stretches) == 3
+    alone = []
+    with torch.inference_mode():
+        for lo, hi in stretches:
+            piece = torch.from_numpy(audio[round(lo * 16000) : round(hi * 16000)])[None]
+            alone.append(model.decode(*model(piece, torch.tensor([piece.shape[1]])), "greedy")[0].strip())
+    assert row["pred_text"] == " ".join(t for t in alone if t)
 
 
 @pytest.mark.slow

@@ -215,6 +215,8 @@ def test_unknown_key_fails_with_a_suggestion(archive, manifest):
         (["model_path=m.stm", "audio", "batch_size=2"], "Arguments must be key=value"),
         (["model_path=m.stm", "audio=x.json", "batch_duration=0"], "batch_duration must be > 0 seconds or null"),
         (["model_path=missing.stm", "audio=x.json"], "model_path=missing.stm: no such file"),
+        (["model_path=m.stm", "audio=x.json", "split=silence"], "split=silence: expected one of pauses, fixed"),
+        (["model_path=m.stm", "audio=x.json", "min_pause=0"], "min_pause=0.0: expected seconds > 0"),
     ],
 )
 def test_bad_arguments_exit_with_a_clear_message(argv, message, tmp_path, monkeypatch):
