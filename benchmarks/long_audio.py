@@ -7,9 +7,10 @@ Without ``--model``, a small Conformer-CTC is trained first (``--train-seconds``
 DTMF-digit utterances concatenated into 3-25 s files, so that the WER means something. The long files are made the
 same way from other utterances (0.3 s pauses); their reference is the concatenated transcripts.
 
-1. RTFx (audio seconds per second) of ``transcribe_paths`` on a ``--minutes`` file, chunked (30 s chunks, 4 s of
-   context), with word timestamps; for the trained model and for an untrained FastConformer ``small`` (14M; the
-   compute of a real model, weights do not matter for speed).
+1. RTFx (audio seconds per second) of ``transcribe_paths`` on a ``--minutes`` file, chunked (``split=fixed``: 30 s
+   chunks, 4 s of context; the split at pauses is measured by ``long_audio_hybrid.py``), with word timestamps; for
+   the trained model and for an untrained FastConformer ``small`` (14M; the compute of a real model, weights do not
+   matter for speed).
 2. WER on ten 60-second files, whole-file decoding vs chunked with 10 s chunks (6 chunk borders per file).
 """
 
@@ -105,7 +106,7 @@ def train_dtmf_model(folder: Path, seconds: float) -> Path:
 
 def rtfx(model, row: dict) -> tuple[float, dict]:
     start = time.perf_counter()
-    (out,) = transcribe_paths(model, [dict(row)], chunk_len=30.0, chunk_overlap=4.0, timestamps=True)
+    (out,) = transcribe_paths(model, [dict(row)], chunk_len=30.0, chunk_overlap=4.0, timestamps=True, split="fixed")
     seconds = time.perf_counter() - start
     return out["duration"] / seconds, out
 
@@ -139,7 +140,7 @@ def main(argv: list[str] | None = None) -> None:
         big_speed, _ = rtfx(big, long)
         print(f"FastConformer small ({big.num_parameters / 1e6:.1f}M, untrained): RTFx {big_speed:.1f}", flush=True)
         whole = transcribe_paths(model, [dict(r) for r in minutes], chunk_len=None, batch_duration=60.0)
-        chunked = transcribe_paths(model, [dict(r) for r in minutes], chunk_len=10.0, chunk_overlap=2.0)
+        chunked = transcribe_paths(model, [dict(r) for r in minutes], chunk_len=10.0, chunk_overlap=2.0, split="fixed")
         refs = [r["text"] for r in minutes]
         wer_whole = metrics.word_error_rate([r["pred_text"] for r in whole], refs)
         wer_chunked = metrics.word_error_rate([r["pred_text"] for r in chunked], refs)
