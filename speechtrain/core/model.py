@@ -196,9 +196,10 @@ def check_validation_schedule(trainer: Any, sampler: Any, has_validation: bool) 
 class _WallClockProgress:
     """Fraction of ``max_time`` spent training, the same number on every rank, for the learning-rate schedule.
 
-    Rank 0's clock is broadcast every ``every`` optimizer steps (a collective and a host sync); in between, the
-    fraction advances by the time per step measured between the last two broadcasts. Every rank computes the same
-    function of the step, so the learning rates agree without a collective per step.
+    Rank 0's clock is broadcast at steps 0, 1, 2, 4, ... (doubling) and then every ``every`` optimizer steps (a
+    collective and a host sync each); in between, the fraction advances by the time per step measured between the
+    last two broadcasts. The doubling start makes a run shorter than ``every`` steps decay too. Every rank computes the
+    same function of the step, so the learning rates agree without a collective per step.
     """
 
     def __init__(self, timer: Any, trainer: Any, every: int = 50) -> None:
@@ -217,7 +218,7 @@ class _WallClockProgress:
 
     def __call__(self) -> float:
         step = self.trainer.global_step
-        if self._synced is None or step - self._synced[0] >= self.every:
+        if self._synced is None or step - self._synced[0] >= min(self.every, max(1, self._synced[0])):
             fraction = self._broadcast()
             if self._synced is not None and step > self._synced[0]:
                 self._per_step = (fraction - self._synced[1]) / (step - self._synced[0])

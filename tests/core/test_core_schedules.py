@@ -85,3 +85,28 @@ def test_bad_schedules_are_refused_by_name(sched, message):
     opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
     with pytest.raises(ValueError, match=message):
         build_scheduler(opt, OptimConfig(name="sgd", sched=sched), 100)
+
+
+def test_the_wall_clock_progress_syncs_doubling_then_every_n_steps_and_extrapolates_between():
+    """A time-bounded run's schedule reads rank 0's clock at steps 0, 1, 2, 4, ... then every ``every`` steps (a
+    run of a few dozen steps decays too), and in between moves by the last measured time per step."""
+    from types import SimpleNamespace
+
+    from speechtrain.core.model import _WallClockProgress
+
+    trainer, reads = SimpleNamespace(global_step=0), []
+
+    class Timer:
+        _duration = 100.0
+
+        def time_elapsed(self, stage):
+            reads.append(trainer.global_step)
+            return 0.5 * trainer.global_step  # half a second per step
+
+    progress = _WallClockProgress(Timer(), trainer, every=50)
+    for step in range(200):
+        trainer.global_step = step
+        fraction = progress()
+        if step >= 2:
+            assert fraction == pytest.approx(0.005 * step)
+    assert reads == [0, 1, 2, 4, 8, 16, 32, 64, 114, 164]
