@@ -3,6 +3,7 @@
 
     python benchmarks/leave_one_out.py --steps 1000                       # all engines, then piper out, festival out
     python benchmarks/leave_one_out.py --steps 1000 --left-out piper      # only the Piper run (and the baseline)
+    python benchmarks/leave_one_out.py --steps 1000 --left-out            # only the baseline
     python benchmarks/leave_one_out.py --steps 1000 --left-out piper --no-baseline --tag pitch -- \
         "model.train_ds.augmentation.pitch={min_factor: 0.88, max_factor: 1.15, prob: 0.5}"  # one change
 
@@ -165,8 +166,9 @@ def per_engine_wers(found: dict[str, float], run: str, set_name: str) -> str:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, required=True, help="optimizer steps of every run")
-    parser.add_argument("--left-out", nargs="+", default=["piper", "festival"], choices=ENGINES,
-                        help="engines left out, one run each (after the baseline run with every engine)")  # fmt: skip
+    parser.add_argument("--left-out", nargs="*", default=["piper", "festival"], choices=ENGINES,
+                        help="engines left out, one run each (after the baseline run with every engine); none: the "
+                             "baseline run alone")  # fmt: skip
     parser.add_argument("--no-baseline", action="store_true", help="skip the run with every engine")
     parser.add_argument("--tag", default="", help="names the change that the overrides make (in the runs' names)")
     parser.add_argument("--no-record", action="store_true")
@@ -175,6 +177,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.overrides and not args.tag:
         parser.error("name the change with --tag when giving overrides")
     runs = ([] if args.no_baseline else [None]) + list(args.left_out)
+    if not runs:
+        parser.error("nothing to run: --no-baseline and no engine left out")
     command = f"python benchmarks/leave_one_out.py --steps {args.steps}"
     if args.tag:
         command += f" --tag {args.tag} -- " + " ".join(f"'{o}'" for o in args.overrides)
