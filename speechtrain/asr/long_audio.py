@@ -232,12 +232,10 @@ def speech_segments(
     ends = np.concatenate([ends[split], ends[-1:]]) * hop_s + first
     keep = ends - starts >= min_speech
     starts, ends = starts[keep], ends[keep]
-    out = []
-    for i, (start, stop) in enumerate(zip(starts.tolist(), ends.tolist())):
-        lo = max(start - margin, first if i == 0 else (ends[i - 1] + start) / 2)
-        hi = min(stop + margin, last if i == len(starts) - 1 else (stop + starts[i + 1]) / 2)
-        out.append((round(lo, 4), round(min(hi, last), 4)))
-    return out
+    middles = (ends[:-1] + starts[1:]) / 2  # no stretch takes more than half of a pause
+    lo = np.maximum(starts - margin, np.concatenate([[first], middles]))
+    hi = np.minimum(ends + margin, np.concatenate([middles, [last]]))
+    return [(round(a, 4), round(b, 4)) for a, b in zip(lo.tolist(), hi.tolist())]
 
 
 def transcribe_segmented(

@@ -316,12 +316,12 @@ def transcribe_paths(
     device_type = getattr(getattr(model, "device", None), "type", "cpu")
     autocast = torch.autocast(device_type, dtype=torch.bfloat16) if precision == "bf16" else contextlib.nullcontext()
     if hasattr(model, "blank"):  # a recogniser: long files (and every file, for timestamps) go through chunking
-        chunked = [i for i, d in enumerate(durations) if timestamps or needs_chunking(d, chunk_len, chunk_overlap)]
+        long = [needs_chunking(d, chunk_len, chunk_overlap) for d in durations]
+        chunked = [i for i in range(len(durations)) if timestamps or long[i]]
         with autocast:
             for i in chunked:
-                at_pauses = split == "pauses" and needs_chunking(durations[i], chunk_len, chunk_overlap)
                 _transcribe_long(model, rows[readable[i]], chunk_len or durations[i], chunk_overlap, timestamps,
-                                 min_pause if at_pauses else None)  # fmt: skip
+                                 min_pause if split == "pauses" and long[i] else None)  # fmt: skip
         done = set(chunked)
         readable = [r for j, r in enumerate(readable) if j not in done]
         durations = [d for j, d in enumerate(durations) if j not in done]
@@ -452,7 +452,7 @@ def parse_args(argv: Sequence[str]) -> TranscribeConfig:
         SystemExit: status 0 after ``--help``; status 2 on an argument that is not ``key=value``, an unknown key
             (with the closest known key) or a value of the wrong type.
         ConfigError: a value of the wrong choice, or a missing ``model_path`` / ``audio``; ValueError on a batch
-            limit out of range.
+            limit, a ``split`` or a ``min_pause`` out of range.
     """
     cfg = parse_key_values(argv, TranscribeConfig, __doc__)
     missing = [k for k in ("model_path", "audio") if not getattr(cfg, k)]
@@ -463,10 +463,7 @@ def parse_args(argv: Sequence[str]) -> TranscribeConfig:
         if getattr(cfg, key) is not None and getattr(cfg, key) not in choices:
             raise ConfigError(f"{key}={getattr(cfg, key)}: expected one of {', '.join(choices)}.")
     _check_limits(cfg.batch_duration, cfg.batch_size)
-    try:
-        _check_split(cfg.split, cfg.min_pause)
-    except ValueError as e:
-        raise ConfigError(str(e)) from None
+    _check_split(cfg.split, cfg.min_pause)
     if not cfg.streaming and (cfg.chunk is not None or cfg.att_context_size is not None):
         raise ConfigError("chunk and att_context_size are streaming options: add streaming=true.")
     if cfg.streaming and cfg.timestamps:

@@ -42,16 +42,7 @@ class LabelReader(torch.nn.Module):
 def _write_words(path, words, rate=RATE):
     """A file that 'says' ``words``: per character 3 frames of its label, 2 blank frames between characters, a
     space label between words; returns the expected (word, start, end)."""
-    frames, expected, t = [], [], 0
-    for w, word in enumerate(words):
-        if w:
-            frames += [VOCAB.index(" ") + 1] * 2 + [0] * 3
-            t += 5
-        start = t
-        for char in word:
-            frames += [VOCAB.index(char) + 1] * 3 + [0] * 2
-            t += 5
-        expected.append((word, start * 0.01, (t - 2) * 0.01))
+    frames, expected = _sentence(words)
     frames += [0] * 50
     audio = np.repeat(np.array(frames, dtype=np.float32) / 10, HOP)
     sf.write(path, audio, rate, subtype="FLOAT")
@@ -134,7 +125,8 @@ def test_a_hybrid_tdt_ctc_model_decodes_files_longer_than_a_chunk(tmp_path, deco
 
 
 def _sentence(words):
-    """Frames (labels + 1; 0 blank) that 'say' ``words`` as :func:`_write_words` does, and (word, start, end)."""
+    """Frames (labels + 1; 0 blank) that 'say' ``words``: per character 3 frames of its label, 2 blank frames
+    between characters, a space label between words; and the expected (word, start, end)."""
     frames, expected, t = [], [], 0
     for w, word in enumerate(words):
         if w:
