@@ -2,14 +2,17 @@
 (and people) a model never heard.
 
     python benchmarks/leave_one_out.py --steps 1000                       # all engines, then piper out, festival out
+    python benchmarks/leave_one_out.py --minutes 13 --left-out piper      # equal wall time, not equal steps
     python benchmarks/leave_one_out.py --steps 1000 --left-out piper      # only the Piper run (and the baseline)
     python benchmarks/leave_one_out.py --steps 1000 --left-out            # only the baseline
     python benchmarks/leave_one_out.py --steps 1000 --left-out piper --no-baseline --tag pitch -- \
         "model.train_ds.augmentation.pitch={min_factor: 0.88, max_factor: 1.15, prob: 0.5}"  # one change
 
 Each run trains the `make demo` recipe (``examples/asr_train.py --config-name asr_train_hybrid``, 2 processes, 30 s
-of audio per process per step) for the same number of optimizer steps (not the same wall time: the machine is
-shared, and at equal steps a run's accuracy does not depend on its load; the learning rate decays over them), with
+of audio per process per step) for the same number of optimizer steps (``--steps``: on a shared machine a run's
+accuracy then does not depend on its load; the learning rate decays over them) or the same training wall time
+(``--minutes``: what a user with a budget gets, a change that slows the step paying for it in steps; runs in turn on
+a machine left quiet, each run's steps in its records' note), with
 the recipe's training blend less every utterance of the left-out engine (the blend's other sources and their
 weights as the recipe has them, each weight = its utterances x repeats). Flite is out of every run (the corpus
 holds it out: ``heldout_engine``). The closing validation decodes greedy only; its per-engine table
@@ -25,12 +28,14 @@ Overrides after ``--`` go to every run (one recipe change to measure, named by `
 ``all_<tag>``, ``no_<engine>_<tag>``).
 
 Records (results/leave_one_out.jsonl): ``leave_one_out.<run>.greedy_wer.<set>.<engine>`` (``<run>``: ``all`` or
-``no_<engine>``, ``_<tag>`` after it), and ``...greedy_wer.<set>`` for each whole set.
+``no_<engine>``, ``_<tag>`` after it; ``_<M>min`` last for a ``--minutes`` run), and ``...greedy_wer.<set>`` for each
+whole set.
 """
 
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -82,8 +87,19 @@ def hydra_list(sources: list[dict]) -> str:
     return "[" + ", ".join(items) + "]"
 
 
-def run_name(left_out: str | None, tag: str) -> str:
-    return ("all" if left_out is None else f"no_{left_out}") + (f"_{tag}" if tag else "")
+def run_name(left_out: str | None, tag: str, minutes: float | None = None) -> str:
+    name = ("all" if left_out is None else f"no_{left_out}") + (f"_{tag}" if tag else "")
+    return name if minutes is None else f"{name}_{minutes:g}min".replace(".", "_")
+
+
+def budget(steps: int | None, minutes: float | None) -> list[str]:
+    """The trainer's overrides for a step budget (validated at its last step) or a wall-clock one (validated only by
+    the closing validation that every run ends with)."""
+    if minutes is not None:
+        return ["trainer.max_steps=-1", f"trainer.max_time={{seconds: {round(60 * minutes)}}}",
+                "trainer.val_check_interval=1000000000", "trainer.check_val_every_n_epoch=null"]  # fmt: skip
+    return [f"trainer.max_steps={steps}", "trainer.max_time=null", f"trainer.val_check_interval={steps}",
+            "trainer.check_val_every_n_epoch=null"]  # fmt: skip
 
 
 def babble_test(folder: Path, seed: int = 0) -> Path:
@@ -122,17 +138,17 @@ def babble_test(folder: Path, seed: int = 0) -> Path:
     return manifest
 
 
-def train(left_out: str | None, steps: int, folder: Path, tag: str = "", overrides: tuple[str, ...] = (),
-          babble: Path | None = None):  # fmt: skip
-    """One run: (closing metrics, per-engine breakdown, wall seconds); ``babble``: an extra validation manifest."""
-    run = run_name(left_out, tag)
+def train(left_out: str | None, steps: int | None, folder: Path, tag: str = "", overrides: tuple[str, ...] = (),
+          babble: Path | None = None, minutes: float | None = None):  # fmt: skip
+    """One run: (closing metrics, per-engine breakdown, wall seconds, steps trained); ``babble``: an extra validation
+    manifest."""
+    run = run_name(left_out, tag, minutes)
     sets = ["builtin:speech/dev", "builtin:speech/test", "builtin:speech/heldout_engine"]
     sets += [str(babble)] if babble is not None else []
     command = [sys.executable, str(ROOT / "examples" / "asr_train.py"), "--config-name", "asr_train_hybrid",
                f"name=loo_{run}", f"exp_manager.exp_dir={folder}", "trainer.devices=2",
-               "model.train_ds.batch_duration=30", f"trainer.max_steps={steps}", "trainer.max_time=null",
-               f"trainer.val_check_interval={steps}", "trainer.check_val_every_n_epoch=null",
-               "model.decoding.strategy=greedy", f"model.validation_ds.manifest_filepath=[{','.join(sets)}]",
+               "model.train_ds.batch_duration=30", *budget(steps, minutes), "model.decoding.strategy=greedy",
+               f"model.validation_ds.manifest_filepath=[{','.join(sets)}]",
                f"model.train_ds.input_cfg={hydra_list(blend(left_out, count_utterances))}", *overrides]  # fmt: skip
     env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "PYTHONPATH": str(ROOT)}
     start = time.perf_counter()
@@ -141,7 +157,9 @@ def train(left_out: str | None, steps: int, folder: Path, tag: str = "", overrid
     wall = time.perf_counter() - start
     (metrics_path,) = (folder / f"loo_{run}").rglob("final_metrics.json")
     breakdown = json.loads((metrics_path.parent / "greedy_breakdown.json").read_text(encoding="utf-8"))
-    return json.loads(metrics_path.read_text(encoding="utf-8")), breakdown, wall
+    done = re.findall(r"training: done, (\d+) steps", (metrics_path.parent / "train.log").read_text(encoding="utf-8"))
+    trained = int(done[-1]) if done else steps
+    return json.loads(metrics_path.read_text(encoding="utf-8")), breakdown, wall, trained
 
 
 def figures(run: str, metrics: dict, breakdown: dict) -> dict[str, float]:
@@ -165,7 +183,9 @@ def per_engine_wers(found: dict[str, float], run: str, set_name: str) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--steps", type=int, required=True, help="optimizer steps of every run")
+    budget_group = parser.add_mutually_exclusive_group(required=True)
+    budget_group.add_argument("--steps", type=int, help="optimizer steps of every run")
+    budget_group.add_argument("--minutes", type=float, help="training wall time of every run (instead of steps)")
     parser.add_argument("--left-out", nargs="*", default=["piper", "festival"], choices=ENGINES,
                         help="engines left out, one run each (after the baseline run with every engine); none: the "
                              "baseline run alone")  # fmt: skip
@@ -179,20 +199,26 @@ def main(argv: list[str] | None = None) -> None:
     runs = ([] if args.no_baseline else [None]) + list(args.left_out)
     if not runs:
         parser.error("nothing to run: --no-baseline and no engine left out")
-    command = f"python benchmarks/leave_one_out.py --steps {args.steps}"
+    command = "python benchmarks/leave_one_out.py " + (
+        f"--steps {args.steps}" if args.minutes is None else f"--minutes {args.minutes:g}"
+    )
     if args.tag:
         command += f" --tag {args.tag} -- " + " ".join(f"'{o}'" for o in args.overrides)
     rows = []
     with tempfile.TemporaryDirectory() as folder:
         babble = babble_test(Path(folder))
         for left_out in runs:
-            run = run_name(left_out, args.tag)
-            metrics, breakdown, wall = train(left_out, args.steps, Path(folder), args.tag, tuple(args.overrides),
-                                             babble)  # fmt: skip
+            run = run_name(left_out, args.tag, args.minutes)
+            metrics, breakdown, wall, trained = train(left_out, args.steps, Path(folder), args.tag,
+                                                      tuple(args.overrides), babble, args.minutes)  # fmt: skip
             found = figures(run, metrics, breakdown)
             rows.append((run, found, wall))
             if not args.no_record:
-                note = f"{args.steps} steps, greedy, 2 processes; {wall:.0f} s wall on a shared machine"
+                if args.minutes is None:
+                    note = f"{args.steps} steps, greedy, 2 processes; {wall:.0f} s wall on a shared machine"
+                else:
+                    note = (f"{args.minutes:g} min training ({trained} steps), greedy, 2 processes; {wall:.0f} s "
+                            "wall with start-up and validation; runs in turn on a quiet machine")  # fmt: skip
                 for figure, value in found.items():
                     append(figure, value, "%", command, note)
     print("\n| run | test | heldout_engine (flite) | test, per engine | test_babble, per engine |")

@@ -3,6 +3,7 @@ budget, same machine.
 
     python benchmarks/vs_nemo_accuracy.py --nemo-python /work/nemo-env/bin/python --minutes 8
     python benchmarks/vs_nemo_accuracy.py --nemo-python ... --minutes 8 --family ctc      # one family
+    python benchmarks/vs_nemo_accuracy.py --nemo-python ... --steps 1000 --family ctc   # equal steps, not time
     python benchmarks/vs_nemo_accuracy.py --nemo-python ... --minutes 1 --eval-utterances 40 --no-record  # smoke
 
 Families: ``ctc`` (ours: ``examples/asr_train.py --config-name asr_train``; NeMo: FastConformer-CTC) and
@@ -19,6 +20,10 @@ Same data: NeMo reads one manifest (absolute audio paths) holding what our recip
 ``train``), and our recipe's own BPE tokenizer file (128 pieces for CTC, 64 for the hybrid). Same size: NeMo's
 encoder has our demo's width, depth and heads; the rest of each side is its own recipe (ours: 4x striding,
 half-rate middle layers, intermediate CTC, no dropout; NeMo's: 8x ``dw_striding``, dropout 0.1, SpecAugment, ...).
+
+``--steps N`` trains both sides for N optimizer steps instead, each schedule decaying over them: at equal steps the
+comparison is of what each recipe learns per step, whatever its speed (the equal-time figures fold in that ours
+steps faster on a CPU). Records then read ``vs_nemo_accuracy.<family>.steps<N>.<ours|nemo|ratio>...``.
 
 A run takes about 4 x (``--minutes`` + 2) minutes for both families: each of the four runs adds its start-up (NeMo
 starts twice as slowly: its import, then its second rank's) and its decoding to the training budget.
@@ -89,11 +94,19 @@ def recipe_tokenizer(recipe: str, out: Path) -> Path:
     return out
 
 
-def train_ours(family: str, seconds: int, folder: Path, evals: dict[str, Path]) -> dict:
+def budget(seconds: int | None, steps: int | None) -> list[str]:
+    """Our trainer's overrides for a wall-clock budget or a step budget (the schedule decays over either)."""
+    if steps is not None:
+        return [f"trainer.max_steps={steps}", "trainer.max_time=null"]
+    return [f"trainer.max_time={{seconds: {seconds}}}"]
+
+
+def train_ours(family: str, seconds: int | None, folder: Path, evals: dict[str, Path],
+               steps: int | None = None) -> dict:  # fmt: skip
     name = f"ours_{family}"
     command = [sys.executable, str(ROOT / "examples" / "asr_train.py"), "--config-name", RECIPES[family],
                f"name={name}", f"exp_manager.exp_dir={folder}", "trainer.devices=2",
-               "model.train_ds.batch_duration=30", f"trainer.max_time={{seconds: {seconds}}}",
+               "model.train_ds.batch_duration=30", *budget(seconds, steps),
                "trainer.check_val_every_n_epoch=1000",
                "model.decoding.strategy=greedy",
                "model.validation_ds.manifest_filepath=[" + ",".join(str(p) for p in evals.values()) + "]"]  # fmt: skip
@@ -109,11 +122,12 @@ def train_ours(family: str, seconds: int, folder: Path, evals: dict[str, Path]) 
             "wer": {s: metrics[f"val_wer_{s}"] for s in evals}}  # fmt: skip
 
 
-def train_nemo(python: str, family: str, seconds: int, folder: Path, train: Path, tokenizer: Path,
-               evals: dict[str, Path]) -> dict:  # fmt: skip
+def train_nemo(python: str, family: str, seconds: int | None, folder: Path, train: Path, tokenizer: Path,
+               evals: dict[str, Path], steps: int | None = None) -> dict:  # fmt: skip
     out = folder / f"nemo_{family}.json"
+    limit = ["--seconds", str(seconds)] if steps is None else ["--steps", str(steps)]
     command = [python, str(ROOT / "benchmarks" / "vs_nemo_accuracy_nemo.py"), "--family", family, "--train",
-               str(train), "--tokenizer-dir", str(tokenizer), "--seconds", str(seconds), "--out", str(out),
+               str(train), "--tokenizer-dir", str(tokenizer), *limit, "--out", str(out),
                *[f"--eval={s}={p}" for s, p in evals.items()]]  # fmt: skip
     start = time.perf_counter()
     print("+", " ".join(command), flush=True)
@@ -126,12 +140,15 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--nemo-python", required=True, help="a python with nemo-toolkit[asr]")
     parser.add_argument("--minutes", type=float, default=8.0, help="training wall time of every run")
+    parser.add_argument("--steps", type=int, default=None, help="train every run for this many steps instead")
     parser.add_argument("--family", nargs="+", default=list(RECIPES), choices=list(RECIPES))
     parser.add_argument("--eval-utterances", type=int, default=0, help="decode each set's first N (0: all; smoke)")
     parser.add_argument("--no-record", action="store_true")
     args = parser.parse_args(argv)
-    seconds = round(60 * args.minutes)
-    command = f"python benchmarks/vs_nemo_accuracy.py --nemo-python NEMO_PYTHON --minutes {args.minutes:g}"
+    seconds = None if args.steps is not None else round(60 * args.minutes)
+    command = "python benchmarks/vs_nemo_accuracy.py --nemo-python NEMO_PYTHON " + (
+        f"--minutes {args.minutes:g}" if args.steps is None else f"--steps {args.steps}"
+    )
     command += f" --family {' '.join(args.family)}"
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -149,12 +166,12 @@ def main(argv: list[str] | None = None) -> None:
             found = {}
             for side in ["ours", "nemo"] if index % 2 == 0 else ["nemo", "ours"]:
                 found[side] = (
-                    train_ours(family, seconds, folder, evals) if side == "ours"
-                    else train_nemo(args.nemo_python, family, seconds, folder, train, tokenizer, evals)
+                    train_ours(family, seconds, folder, evals, args.steps) if side == "ours"
+                    else train_nemo(args.nemo_python, family, seconds, folder, train, tokenizer, evals, args.steps)
                 )  # fmt: skip
             rows.append((family, found))
             if not args.no_record:
-                record(family, found, args.minutes, command)
+                record(family, found, args.minutes, command, args.steps)
     print("\n| family | framework | steps | test greedy WER | heldout_engine greedy WER |\n|---|---|---|---|---|")
     for family, found in rows:
         for side in ("ours", "nemo"):
@@ -165,16 +182,22 @@ def main(argv: list[str] | None = None) -> None:
         print(f"| {family} | ours / NeMo | | {ratios[0]:.2f} | {ratios[1]:.2f} |", flush=True)
 
 
-def record(family: str, found: dict, minutes: float, command: str) -> None:
-    steps = ", ".join(f"{side} {found[side]['steps']} steps" for side in ("ours", "nemo"))
-    note = (f"{minutes:g} min training each, 2 CPU processes, 30 s audio per process per step; {steps}; greedy; "
-            "shared machine")  # fmt: skip
+def record(family: str, found: dict, minutes: float, command: str, steps: int | None = None) -> None:
+    if steps is None:
+        done = ", ".join(f"{side} {found[side]['steps']} steps" for side in ("ours", "nemo"))
+        note = f"{minutes:g} min training each, 2 CPU processes, 30 s audio per process per step; {done}"
+        key = family
+    else:
+        took = ", ".join(f"{side} {found[side]['wall_s'] / 60:.1f} min" for side in ("ours", "nemo"))
+        note = f"{steps} steps each, 2 CPU processes, 30 s audio per process per step; wall with decoding: {took}"
+        key = f"{family}.steps{steps}"
+    note += "; greedy; shared machine"
     for s in SETS:
         for side in ("ours", "nemo"):
-            append(f"vs_nemo_accuracy.{family}.{side}.greedy_wer.{s}", round(100 * found[side]["wer"][s], 2), "%",
+            append(f"vs_nemo_accuracy.{key}.{side}.greedy_wer.{s}", round(100 * found[side]["wer"][s], 2), "%",
                    command, note)  # fmt: skip
         ratio = found["ours"]["wer"][s] / max(found["nemo"]["wer"][s], 1e-9)
-        append(f"vs_nemo_accuracy.{family}.ratio.{s}", round(ratio, 3), "x", command, note)
+        append(f"vs_nemo_accuracy.{key}.ratio.{s}", round(ratio, 3), "x", command, note)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
 """NeMo's side of vs_nemo_accuracy.py: train a FastConformer (CTC, or hybrid transducer-CTC) with NeMo for a
-wall-clock budget, then greedy-decode sets and write their WERs as JSON. Runs in an environment with
+wall-clock budget (``--seconds``) or a number of optimizer steps (``--steps``), then greedy-decode sets and write
+their WERs as JSON. Runs in an environment with
 ``nemo-toolkit[asr]`` (never a dependency of speechtrain; this file does not import speechtrain).
 
     /work/nemo-env/bin/python benchmarks/vs_nemo_accuracy_nemo.py --family ctc --train train.json \\
@@ -16,7 +17,8 @@ Compromises, each forced by the CPU or the budget:
 
 - The schedule: the published 15k warm-up steps never end in minutes. As speechtrain's recipes do, the warm-up is
   200 steps and the cosine decays over the wall-clock budget (rank 0's elapsed fraction of ``--seconds``, broadcast
-  each step so both ranks use one learning rate), not over a step count nobody knows in advance.
+  each step so both ranks use one learning rate), not over a step count nobody knows in advance; with ``--steps``,
+  over those steps.
 - Hybrid: NeMo's TDT loss runs on CUDA only (its CPU path raises; the pure-PyTorch one is a debugging loop that
   calls ``.cuda()``), so the CPU hybrid uses NeMo's standard RNN-T loss (numba, CPU) with the same CTC head and
   weight 0.3: ``fastconformer_hybrid_transducer_ctc_bpe.yaml``'s recipe. Decoding is the transducer's, greedy.
@@ -105,9 +107,11 @@ def model_config(family: str, train: str, tokenizer_dir: str, batch_duration: fl
     return cfg
 
 
-def wall_clock_cosine(seconds: float, warmup_steps: int, lr: float, min_lr: float):  # noqa: ANN201
+def wall_clock_cosine(seconds: float | None, warmup_steps: int, lr: float, min_lr: float,
+                      steps: int | None = None):  # noqa: ANN201  # fmt: skip
     """A callback: linear warm-up over ``warmup_steps``, then cosine from ``lr`` to ``min_lr`` over the wall-clock
-    fraction of ``seconds`` spent since training started (rank 0's clock, broadcast, so every rank agrees)."""
+    fraction of ``seconds`` spent since training started (rank 0's clock, broadcast, so every rank agrees), or over
+    ``steps`` optimizer steps when given."""
     import lightning.pytorch as pl
     import torch
 
@@ -116,10 +120,13 @@ def wall_clock_cosine(seconds: float, warmup_steps: int, lr: float, min_lr: floa
             self.start = time.monotonic()
 
         def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
-            fraction = torch.tensor([(time.monotonic() - self.start) / seconds], dtype=torch.float64)
-            if torch.distributed.is_available() and torch.distributed.is_initialized():
-                torch.distributed.broadcast(fraction, src=0)
             step = trainer.global_step
+            if steps is not None:
+                fraction = torch.tensor([step / steps], dtype=torch.float64)
+            else:
+                fraction = torch.tensor([(time.monotonic() - self.start) / seconds], dtype=torch.float64)
+                if torch.distributed.is_available() and torch.distributed.is_initialized():
+                    torch.distributed.broadcast(fraction, src=0)
             if trainer.is_global_zero and step % 50 == 0:  # a sign of life and of the pace (no progress bar)
                 print(f"step {step}, {time.monotonic() - self.start:.0f} s", flush=True)
             if step < warmup_steps:
@@ -149,7 +156,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--family", choices=["ctc", "hybrid"], required=True)
     parser.add_argument("--train", required=True, help="training manifest (NeMo JSON lines, absolute audio paths)")
     parser.add_argument("--tokenizer-dir", required=True, help="folder holding the BPE tokenizer.model")
-    parser.add_argument("--seconds", type=float, required=True, help="training wall-clock budget (max_time)")
+    budget = parser.add_mutually_exclusive_group(required=True)
+    budget.add_argument("--seconds", type=float, help="training wall-clock budget (max_time)")
+    budget.add_argument("--steps", type=int, help="training budget in optimizer steps (max_steps)")
     parser.add_argument("--eval", action="append", required=True, metavar="NAME=MANIFEST", help="a set to decode")
     parser.add_argument("--out", required=True, help="JSON file for the WERs (written by rank 0)")
     parser.add_argument("--devices", type=int, default=2, help="data-parallel CPU processes")
@@ -171,11 +180,12 @@ def main(argv: list[str] | None = None) -> None:
     pl.seed_everything(args.seed, verbose=False)
     trainer = pl.Trainer(
         accelerator="cpu", devices=args.devices, strategy="ddp" if args.devices > 1 else "auto",
-        max_time=datetime.timedelta(seconds=args.seconds), max_epochs=-1, precision=32, gradient_clip_val=0.0,
+        max_time=None if args.seconds is None else datetime.timedelta(seconds=args.seconds),
+        max_steps=-1 if args.steps is None else args.steps, max_epochs=-1, precision=32, gradient_clip_val=0.0,
         logger=False, enable_checkpointing=False, enable_model_summary=False, num_sanity_val_steps=0,
         limit_val_batches=0, enable_progress_bar=False, log_every_n_steps=50,
         use_distributed_sampler=False,  # lhotse shards by rank itself
-        callbacks=[wall_clock_cosine(args.seconds, args.warmup_steps, args.lr, args.min_lr)],
+        callbacks=[wall_clock_cosine(args.seconds, args.warmup_steps, args.lr, args.min_lr, args.steps)],
     )  # fmt: skip
     first_set = args.eval[0].split("=", 1)[1]
     cfg = model_config(args.family, args.train, args.tokenizer_dir, args.batch_duration, args.lr, first_set)

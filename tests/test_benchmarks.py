@@ -262,6 +262,13 @@ def test_leave_one_out_restates_the_demo_blend_and_drops_only_the_left_out_engin
     assert figures == {"leave_one_out.no_piper.greedy_wer.test": 20.0,
                        "leave_one_out.no_piper.greedy_wer.heldout_engine": 40.0,
                        "leave_one_out.no_piper.greedy_wer.test.piper": 50.0}  # fmt: skip
+    # An equal-time run is named by its minutes, trains to the clock and validates only at its close.
+    assert module.run_name("piper", "noise", 12.5) == "no_piper_noise_12_5min"
+    timed = dict(o.split("=", 1) for o in module.budget(None, 13))
+    assert timed["trainer.max_steps"] == "-1" and timed["trainer.max_time"] == "{seconds: 780}"
+    assert int(timed["trainer.val_check_interval"]) > 10**6
+    stepped = dict(o.split("=", 1) for o in module.budget(1000, None))
+    assert stepped["trainer.max_steps"] == stepped["trainer.val_check_interval"] == "1000"
 
 
 def _load(name):
