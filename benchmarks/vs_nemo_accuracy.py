@@ -95,10 +95,12 @@ def recipe_tokenizer(recipe: str, out: Path) -> Path:
 
 
 def budget(seconds: int | None, steps: int | None) -> list[str]:
-    """Our trainer's overrides for a wall-clock budget or a step budget (the schedule decays over either)."""
+    """Our trainer's overrides for a wall-clock budget or a step budget (the schedule decays over either), with no
+    validation before the last step."""
     if steps is not None:
-        return [f"trainer.max_steps={steps}", "trainer.max_time=null"]
-    return [f"trainer.max_time={{seconds: {seconds}}}"]
+        return [f"trainer.max_steps={steps}", "trainer.max_time=null", f"trainer.val_check_interval={steps}",
+                "trainer.check_val_every_n_epoch=null"]  # fmt: skip
+    return [f"trainer.max_time={{seconds: {seconds}}}", "trainer.check_val_every_n_epoch=1000"]
 
 
 def train_ours(family: str, seconds: int | None, folder: Path, evals: dict[str, Path],
@@ -107,7 +109,6 @@ def train_ours(family: str, seconds: int | None, folder: Path, evals: dict[str, 
     command = [sys.executable, str(ROOT / "examples" / "asr_train.py"), "--config-name", RECIPES[family],
                f"name={name}", f"exp_manager.exp_dir={folder}", "trainer.devices=2",
                "model.train_ds.batch_duration=30", *budget(seconds, steps),
-               "trainer.check_val_every_n_epoch=1000",
                "model.decoding.strategy=greedy",
                "model.validation_ds.manifest_filepath=[" + ",".join(str(p) for p in evals.values()) + "]"]  # fmt: skip
     start = time.perf_counter()
