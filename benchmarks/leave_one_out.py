@@ -2,7 +2,7 @@
 (and people) a model never heard.
 
     python benchmarks/leave_one_out.py --steps 1000                       # all engines, then piper out, festival out
-    python benchmarks/leave_one_out.py --minutes 13 --left-out piper      # equal wall time, not equal steps
+    python benchmarks/leave_one_out.py --minutes 10 --left-out piper      # equal wall time, not equal steps
     python benchmarks/leave_one_out.py --steps 1000 --left-out piper      # only the Piper run (and the baseline)
     python benchmarks/leave_one_out.py --steps 1000 --left-out            # only the baseline
     python benchmarks/leave_one_out.py --steps 1000 --left-out piper --no-baseline --tag pitch -- \
@@ -218,7 +218,7 @@ def main(argv: list[str] | None = None) -> None:
                     note = f"{args.steps} steps, greedy, 2 processes; {wall:.0f} s wall on a shared machine"
                 else:
                     note = (f"{args.minutes:g} min training ({trained} steps), greedy, 2 processes; {wall:.0f} s "
-                            "wall with start-up and validation; runs in turn on a quiet machine")  # fmt: skip
+                            "wall with start-up and validation; runs in turn")  # fmt: skip
                 for figure, value in found.items():
                     append(figure, value, "%", command, note)
     print("\n| run | test | heldout_engine (flite) | test, per engine | test_babble, per engine |")
