@@ -94,7 +94,7 @@ def run_name(left_out: str | None, tag: str, minutes: float | None = None) -> st
 
 def budget(steps: int | None, minutes: float | None) -> list[str]:
     """The trainer's overrides for a step budget (validated at its last step) or a wall-clock one (validated only by
-    the closing validation that every run ends with)."""
+    the closing validation that every run ends with); vs_nemo_accuracy.py trains ours with them too."""
     if minutes is not None:
         return ["trainer.max_steps=-1", f"trainer.max_time={{seconds: {round(60 * minutes)}}}",
                 "trainer.val_check_interval=1000000000", "trainer.check_val_every_n_epoch=null"]  # fmt: skip
@@ -138,6 +138,12 @@ def babble_test(folder: Path, seed: int = 0) -> Path:
     return manifest
 
 
+def steps_trained(run_dir: Path) -> int | None:
+    """The optimizer steps a finished run trained, from its ``train.log`` (None if it does not say)."""
+    done = re.findall(r"training: done, (\d+) steps", (run_dir / "train.log").read_text(encoding="utf-8"))
+    return int(done[-1]) if done else None
+
+
 def train(left_out: str | None, steps: int | None, folder: Path, tag: str = "", overrides: tuple[str, ...] = (),
           babble: Path | None = None, minutes: float | None = None):  # fmt: skip
     """One run: (closing metrics, per-engine breakdown, wall seconds, steps trained); ``babble``: an extra validation
@@ -157,8 +163,7 @@ def train(left_out: str | None, steps: int | None, folder: Path, tag: str = "", 
     wall = time.perf_counter() - start
     (metrics_path,) = (folder / f"loo_{run}").rglob("final_metrics.json")
     breakdown = json.loads((metrics_path.parent / "greedy_breakdown.json").read_text(encoding="utf-8"))
-    done = re.findall(r"training: done, (\d+) steps", (metrics_path.parent / "train.log").read_text(encoding="utf-8"))
-    trained = int(done[-1]) if done else steps
+    trained = steps_trained(metrics_path.parent) or steps
     return json.loads(metrics_path.read_text(encoding="utf-8")), breakdown, wall, trained
 
 

@@ -45,6 +45,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from leave_one_out import budget, steps_trained  # noqa: E402
+
 from results import append  # noqa: E402
 
 RECIPES = {"ctc": "asr_train", "hybrid": "asr_train_hybrid"}
@@ -94,21 +96,12 @@ def recipe_tokenizer(recipe: str, out: Path) -> Path:
     return out
 
 
-def budget(seconds: int | None, steps: int | None) -> list[str]:
-    """Our trainer's overrides for a wall-clock budget or a step budget (the schedule decays over either), with no
-    validation before the last step."""
-    if steps is not None:
-        return [f"trainer.max_steps={steps}", "trainer.max_time=null", f"trainer.val_check_interval={steps}",
-                "trainer.check_val_every_n_epoch=null"]  # fmt: skip
-    return [f"trainer.max_time={{seconds: {seconds}}}", "trainer.check_val_every_n_epoch=1000"]
-
-
 def train_ours(family: str, seconds: int | None, folder: Path, evals: dict[str, Path],
                steps: int | None = None) -> dict:  # fmt: skip
     name = f"ours_{family}"
     command = [sys.executable, str(ROOT / "examples" / "asr_train.py"), "--config-name", RECIPES[family],
                f"name={name}", f"exp_manager.exp_dir={folder}", "trainer.devices=2",
-               "model.train_ds.batch_duration=30", *budget(seconds, steps),
+               "model.train_ds.batch_duration=30", *budget(steps, None if seconds is None else seconds / 60),
                "model.decoding.strategy=greedy",
                "model.validation_ds.manifest_filepath=[" + ",".join(str(p) for p in evals.values()) + "]"]  # fmt: skip
     start = time.perf_counter()
@@ -117,9 +110,7 @@ def train_ours(family: str, seconds: int | None, folder: Path, evals: dict[str, 
     wall = time.perf_counter() - start
     (metrics_path,) = (folder / name).rglob("final_metrics.json")
     metrics = json.loads(metrics_path.read_text(encoding="utf-8"))
-    log = (metrics_path.parent / "train.log").read_text(encoding="utf-8")
-    steps = re.findall(r"training: done, (\d+) steps", log)
-    return {"steps": int(steps[-1]) if steps else None, "wall_s": wall,
+    return {"steps": steps_trained(metrics_path.parent), "wall_s": wall,
             "wer": {s: metrics[f"val_wer_{s}"] for s in evals}}  # fmt: skip
 
 

@@ -107,7 +107,7 @@ def model_config(family: str, train: str, tokenizer_dir: str, batch_duration: fl
     return cfg
 
 
-def wall_clock_cosine(seconds: float | None, warmup_steps: int, lr: float, min_lr: float,
+def cosine_schedule(seconds: float | None, warmup_steps: int, lr: float, min_lr: float,
                       steps: int | None = None):  # noqa: ANN201  # fmt: skip
     """A callback: linear warm-up over ``warmup_steps``, then cosine from ``lr`` to ``min_lr`` over the wall-clock
     fraction of ``seconds`` spent since training started (rank 0's clock, broadcast, so every rank agrees), or over
@@ -185,7 +185,7 @@ def main(argv: list[str] | None = None) -> None:
         logger=False, enable_checkpointing=False, enable_model_summary=False, num_sanity_val_steps=0,
         limit_val_batches=0, enable_progress_bar=False, log_every_n_steps=50,
         use_distributed_sampler=False,  # lhotse shards by rank itself
-        callbacks=[wall_clock_cosine(args.seconds, args.warmup_steps, args.lr, args.min_lr, args.steps)],
+        callbacks=[cosine_schedule(args.seconds, args.warmup_steps, args.lr, args.min_lr, args.steps)],
     )  # fmt: skip
     first_set = args.eval[0].split("=", 1)[1]
     cfg = model_config(args.family, args.train, args.tokenizer_dir, args.batch_duration, args.lr, first_set)
