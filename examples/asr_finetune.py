@@ -32,6 +32,7 @@ from speechtrain.core.model import SpeechModel
 from speechtrain.lightning import Trainer, teardown
 
 logger = logging.getLogger("asr_finetune")
+DEFAULT_EPOCHS = 5  # the run's length when the job bounds it neither by time, steps nor epochs
 DATA_KEYS = ("manifest_filepath", "cuts_path", "shar_path", "input_cfg", "is_tarred", "tarred_audio_filepaths")
 
 
@@ -105,6 +106,18 @@ FINETUNE_SCHEMA = train_job_schema(dict[str, Any], "asr_finetune", model_overrid
                                    extras=FinetuneExtras)  # fmt: skip
 
 
+def bound_run(trainer_cfg) -> None:
+    """``DEFAULT_EPOCHS`` when no ``max_epochs``, ``max_steps`` or ``max_time`` is given. A default ``max_epochs``
+    beside a ``max_time`` would stop a run asked for 8 minutes after a minute on a small set."""
+    if (
+        trainer_cfg.get("max_epochs") is None
+        and trainer_cfg.get("max_time") is None
+        and (trainer_cfg.get("max_steps") is None or trainer_cfg.max_steps < 0)
+    ):
+        trainer_cfg.max_epochs = DEFAULT_EPOCHS
+        logger.info("No trainer.max_epochs, max_steps or max_time given: training %d epochs.", DEFAULT_EPOCHS)
+
+
 @hydra_runner(config_path="conf", config_name="asr_finetune", schema=FINETUNE_SCHEMA)
 def main(cfg):
     start = time.perf_counter()
@@ -113,6 +126,7 @@ def main(cfg):
     lm = FinetuneLMConfig(**OmegaConf.to_container(cfg.lm)) if cfg.get("lm") is not None else None
     model = finetune_model(base, OmegaConf.to_container(cfg.model), cfg.init_from.include, cfg.init_from.exclude,
                            defer=True, lm=lm)  # fmt: skip
+    bound_run(cfg.trainer)
     trainer = Trainer.from_job_config(cfg.trainer)
     log_dir = exp_manager(trainer, cfg.exp_manager, name=cfg.name, job_config=cfg)
     fit_and_report(trainer, model, log_dir, start)

@@ -200,10 +200,13 @@ class _WallClockProgress:
     collective and a host sync each); in between, the fraction advances by the time per step measured between the
     last two broadcasts. The doubling start makes a run shorter than ``every`` steps decay too. Every rank computes the
     same function of the step, so the learning rates agree without a collective per step.
+
+    ``steps``: the run's optimizer steps when ``max_epochs`` bounds it too; the fraction is then the larger of the
+    two, so that the schedule ends with whichever bound stops the run first.
     """
 
-    def __init__(self, timer: Any, trainer: Any, every: int = 50) -> None:
-        self.timer, self.trainer, self.every = timer, trainer, every
+    def __init__(self, timer: Any, trainer: Any, every: int = 50, steps: int | None = None) -> None:
+        self.timer, self.trainer, self.every, self.steps = timer, trainer, every, steps
         self._synced: tuple[int, float] | None = None  # (step, fraction) of the last broadcast
         self._per_step = 0.0
 
@@ -223,7 +226,8 @@ class _WallClockProgress:
             if self._synced is not None and step > self._synced[0]:
                 self._per_step = (fraction - self._synced[1]) / (step - self._synced[0])
             self._synced = (step, fraction)
-        return self._synced[1] + self._per_step * (step - self._synced[0])
+        elapsed = self._synced[1] + self._per_step * (step - self._synced[0])
+        return max(elapsed, step / self.steps) if self.steps else elapsed
 
 
 def _rng_state() -> dict[str, Any]:
@@ -507,7 +511,8 @@ class SpeechModel(pl.LightningModule):
             optimizer = build_optimizer([p for p in self.parameters() if p.requires_grad], optim_cfg)
             timer = self._max_time_timer()
             if timer is not None:
-                scheduler = build_scheduler(optimizer, optim_cfg, 0, progress=_WallClockProgress(timer, self.trainer))
+                progress = _WallClockProgress(timer, self.trainer, steps=self._epoch_bound_steps())
+                scheduler = build_scheduler(optimizer, optim_cfg, 0, progress=progress)
             else:
                 scheduler = build_scheduler(optimizer, optim_cfg, self._total_steps())
         finally:
@@ -651,7 +656,8 @@ class SpeechModel(pl.LightningModule):
 
     def _max_time_timer(self) -> Any:
         """Lightning's ``Timer`` when the run is bounded by ``trainer.max_time`` and not by ``max_steps``: the
-        schedule then decays over the wall-clock budget (the precedence is max_steps, max_time, max_epochs)."""
+        schedule then decays over the wall-clock budget, or over ``max_epochs`` where those end the run sooner (the
+        precedence is max_steps, then the first of max_time and max_epochs to run out)."""
         from lightning.pytorch.callbacks import Timer
 
         trainer = self.trainer
@@ -664,11 +670,9 @@ class SpeechModel(pl.LightningModule):
         trainer = self.trainer
         if trainer.max_steps > 0:
             return trainer.max_steps
-        sampler = self._resumable_sampler()
-        if sampler is not None and trainer.max_epochs is not None and trainer.max_epochs > 0:
-            # Counted from the sampler's metadata. (Lightning's estimate would start the epoch's data iterator
-            # before a resumed run has set the sampler's epoch, replaying the wrong order.)
-            return max(1, sampler.batches_per_epoch() * trainer.max_epochs // trainer.accumulate_grad_batches)
+        bound = self._epoch_bound_steps()
+        if bound is not None:
+            return bound
         estimated = trainer.estimated_stepping_batches
         if not math.isfinite(estimated) or estimated <= 0:
             raise ValueError(
@@ -676,6 +680,16 @@ class SpeechModel(pl.LightningModule):
                 "set trainer.max_steps (or model.optim.sched.max_steps)."
             )
         return int(estimated)
+
+    def _epoch_bound_steps(self) -> int | None:
+        """Optimizer steps of ``max_epochs`` epochs when that bounds the run and the sampler can count its batches,
+        else None. Counted from the sampler's metadata: Lightning's estimate would start the epoch's data iterator
+        before a resumed run has set the sampler's epoch, replaying the wrong order."""
+        trainer = self.trainer
+        sampler = self._resumable_sampler()
+        if sampler is None or trainer.max_epochs is None or trainer.max_epochs <= 0:
+            return None
+        return max(1, sampler.batches_per_epoch() * trainer.max_epochs // trainer.accumulate_grad_batches)
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Adds the RNG states and the position in the epoch, so that a resumed run draws the same random

@@ -317,11 +317,12 @@ def test_a_run_that_would_never_validate_fails_at_start():
         check_validation_schedule(epochs, _Sampler(), True)
 
 
-@pytest.mark.parametrize("limit", ["max_steps", "max_epochs", "max_time"])
+@pytest.mark.parametrize("limit", ["max_steps", "max_epochs", "max_time", "max_epochs_before_max_time"])
 def test_the_learning_rate_schedule_follows_each_way_of_ending_a_run(dtmf_manifest, limit):
     pl.seed_everything(0)
     model = ConformerCTCModel(_config(dtmf_manifest))
-    ends = {"max_steps": {"max_steps": 8}, "max_epochs": {"max_epochs": 2}, "max_time": {"max_time": {"seconds": 4}}}
+    ends = {"max_steps": {"max_steps": 8}, "max_epochs": {"max_epochs": 2}, "max_time": {"max_time": {"seconds": 4}},
+            "max_epochs_before_max_time": {"max_epochs": 2, "max_time": {"minutes": 30}}}  # fmt: skip
     trainer = Trainer(strategy=MegatronStrategy(), logger=False, enable_checkpointing=False, limit_val_batches=0,
                       enable_progress_bar=False, enable_model_summary=False, use_distributed_sampler=False,
                       **ends[limit])  # fmt: skip
@@ -336,6 +337,16 @@ def _finetune_module():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+@pytest.mark.parametrize(
+    ("given", "epochs"),
+    [({}, 5), ({"max_time": {"minutes": 8}}, None), ({"max_steps": 100}, None), ({"max_epochs": 2}, 2)],
+)
+def test_finetune_trains_five_epochs_only_when_the_job_gives_no_bound(given, epochs):
+    trainer = OmegaConf.create({"max_epochs": None, "max_steps": -1, "max_time": None, **given})
+    _finetune_module().bound_run(trainer)
+    assert trainer.max_epochs == epochs
 
 
 def test_finetune_with_a_new_vocabulary_keeps_the_encoder_and_reports_the_decoder(tmp_path, caplog):

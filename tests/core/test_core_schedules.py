@@ -110,3 +110,24 @@ def test_the_wall_clock_progress_syncs_doubling_then_every_n_steps_and_extrapola
         if step >= 2:
             assert fraction == pytest.approx(0.005 * step)
     assert reads == [0, 1, 2, 4, 8, 16, 32, 64, 114, 164]
+
+
+def test_the_wall_clock_progress_follows_the_epoch_bound_when_it_ends_the_run_first():
+    from types import SimpleNamespace
+
+    from speechtrain.core.model import _WallClockProgress
+
+    trainer = SimpleNamespace(global_step=0)
+
+    class Timer:
+        _duration = 100.0
+
+        def time_elapsed(self, stage):
+            return 0.5 * trainer.global_step  # the clock would end the run at step 200
+
+    epochs = _WallClockProgress(Timer(), trainer, steps=40)  # the epochs end it at step 40
+    clock = _WallClockProgress(Timer(), trainer, steps=400)  # the clock ends it first
+    for step in range(41):
+        trainer.global_step = step
+        assert epochs() == pytest.approx(step / 40)
+        assert clock() == pytest.approx(0.005 * step)
