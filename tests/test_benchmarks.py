@@ -2,6 +2,7 @@
 tiny version of themselves here (seconds each)."""
 
 import importlib.util
+import json
 import sys
 from collections import Counter
 from pathlib import Path
@@ -278,3 +279,30 @@ def _load(name):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def test_human_prompts_reads_the_asterisk_prompts_into_disjoint_16_khz_sets(tmp_path, monkeypatch):
+    import gzip
+
+    import numpy as np
+    import soundfile as sf
+
+    main = _main("human_prompts")
+    sounds, names = tmp_path / "sounds", [f"p{i:02d}" for i in range(20)] + ["digits/7", "beep"]
+    (sounds / "digits").mkdir(parents=True)
+    lines = ["; Core Asterisk Sounds in English", ""]
+    for name in names:
+        sf.write(sounds / f"{name}.wav", np.zeros(800, dtype=np.float32), 8000)
+        lines.append(f"{name}: " + {"digits/7": "7", "beep": "[this is a simple beep tone]"}.get(name, "Press # [#]."))
+    transcripts = tmp_path / "core-sounds-en.txt.gz"
+    with gzip.open(transcripts, "wt") as out:
+        out.write("\n".join(lines) + "\n")
+    monkeypatch.setitem(main.__globals__, "SOUNDS", sounds)
+    monkeypatch.setitem(main.__globals__, "TRANSCRIPTS", transcripts)
+    sets = main.__globals__["prompt_sets"](tmp_path / "cache")
+    rows = {k: [json.loads(line) for line in p.read_text().splitlines()] for k, p in sets.items()}
+    assert {k: len(v) for k, v in rows.items()} == {"train": 16, "dev": 1, "test": 4}  # the beep has no words
+    files = [r["audio_filepath"] for part in rows.values() for r in part]
+    assert len(set(files)) == 21 and all(sf.info(f).samplerate == 16000 for f in files)
+    texts = {Path(r["audio_filepath"]).stem: r["text"] for part in rows.values() for r in part}
+    assert texts["digits__7"] == "seven" and texts["p00"] == "press pound"

@@ -1,0 +1,151 @@
+"""A real person: Asterisk's English telephone prompts (one speaker, Allison Smith; Debian's
+``asterisk-core-sounds-en-wav`` and ``asterisk-core-sounds-en`` for the transcripts, CC BY-SA 3.0), heard zero-shot
+and after a short fine-tune on her other prompts.
+
+    apt-get install asterisk-core-sounds-en-wav asterisk-core-sounds-en
+    python benchmarks/human_prompts.py --base asr_demo.stm [--minutes 8] [--record] [-- FINE-TUNE OVERRIDES]
+
+The prompts with words in them (563, 25 minutes; digits, letters and phrases; 8 kHz, resampled to 16 kHz once into
+the datasets cache) are sorted by name: every fifth is ``test`` (112), every ninth of the rest ``dev`` (50), the
+others ``train`` (401). Transcripts go through the built-in corpus's normaliser (numbers spelled out; ``*`` and
+``#`` read as "star" and "pound"; bracketed notes such as ``[@]`` dropped).
+
+1. Decodes ``test`` with ``--base``: greedy and beam + LM (the archive's LM).
+2. Fine-tunes ``--base`` on ``train`` with ``examples/asr_finetune.py`` for ``--minutes`` on 2 processes, ``dev``
+   validating (the closing report chooses the default decoding on it), skipped with ``--tuned``.
+3. Decodes ``test`` with the fine-tuned model: greedy, beam + LM and the default decoding.
+
+``--record`` appends the test WERs to results/human.jsonl. Nothing here trains a recipe on these prompts.
+"""
+
+import argparse
+import gzip
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import soundfile as sf
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from asr_finetune_lm import decode, encoder_outputs  # noqa: E402
+
+from speechtrain.common.metrics import word_error_rate  # noqa: E402
+from speechtrain.core.model import SpeechModel  # noqa: E402
+from speechtrain.corpora.cache import default_datasets_cache  # noqa: E402
+from speechtrain.corpora.sentences import normalize_transcript  # noqa: E402
+from speechtrain.data.augment import resample  # noqa: E402
+from speechtrain.data.manifest import read_nemo_manifest  # noqa: E402
+
+SOUNDS = Path("/usr/share/asterisk/sounds/en_US_f_Allison")
+TRANSCRIPTS = Path("/usr/share/doc/asterisk-core-sounds-en/core-sounds-en.txt.gz")
+PACKAGES = "asterisk-core-sounds-en-wav asterisk-core-sounds-en"
+RATE = 16000
+
+
+def transcript(text: str) -> str:
+    """The normalised words of one line of core-sounds-en.txt (``[...]`` notes dropped, ``*`` / ``#`` read)."""
+    text = re.sub(r"\[[^\]]*\]", " ", text).replace("*", " star ").replace("#", " pound ")
+    return normalize_transcript(text)
+
+
+def prompt_sets(cache: Path) -> dict[str, Path]:
+    """``train``, ``dev`` and ``test`` manifests of the prompts (16 kHz copies written into ``cache`` once)."""
+    if not SOUNDS.is_dir() or not TRANSCRIPTS.is_file():
+        raise SystemExit(f"The prompts come from Debian: apt-get install {PACKAGES}")
+    audio = cache / "audio"
+    audio.mkdir(parents=True, exist_ok=True)
+    rows = []
+    with gzip.open(TRANSCRIPTS, "rt", encoding="utf-8") as lines:
+        for line in lines:
+            name, colon, text = line.partition(":")
+            words = transcript(text) if colon and not line.startswith(";") else ""
+            source = SOUNDS / f"{name.strip()}.wav"
+            if not words or not source.is_file():
+                continue
+            target = audio / (name.strip().replace("/", "__") + ".wav")
+            if not target.is_file():
+                samples, rate = sf.read(source, dtype="float32")
+                sf.write(target, resample(torch.from_numpy(samples), rate, RATE).numpy(), RATE)
+            rows.append({"audio_filepath": str(target), "duration": sf.info(target).duration, "text": words})
+    rows.sort(key=lambda r: r["audio_filepath"])
+    rest = [r for i, r in enumerate(rows) if i % 5 != 4]
+    parts = {"train": [r for i, r in enumerate(rest) if i % 9 != 8], "dev": rest[8::9], "test": rows[4::5]}
+    paths = {}
+    for name, part in parts.items():
+        paths[name] = cache / f"{name}.json"
+        paths[name].write_text("".join(json.dumps(r) + "\n" for r in part), encoding="utf-8")
+    return paths
+
+
+def finetune(base: Path, sets: dict[str, Path], minutes: float, out: Path, overrides: list[str]) -> Path:
+    command = [
+        sys.executable, str(ROOT / "examples" / "asr_finetune.py"), f"init_from.path={base}",
+        f"model.train_ds.manifest_filepath={sets['train']}", f"model.validation_ds.manifest_filepath={sets['dev']}",
+        "trainer.devices=2", f"trainer.max_time={{seconds: {round(minutes * 60)}}}", f"exp_manager.exp_dir={out}",
+        "trainer.enable_progress_bar=false", *overrides,
+    ]  # fmt: skip
+    done = subprocess.run(command, env={**os.environ, "OMP_WAIT_POLICY": "PASSIVE"}, text=True, check=False,
+                          capture_output=True)  # fmt: skip
+    if done.returncode != 0:
+        raise SystemExit(done.stdout[-2000:] + done.stderr[-4000:])
+    (tuned,) = out.glob("*/*/asr_finetune.stm")
+    print((tuned.parent / "decoding_report.md").read_text(encoding="utf-8"), flush=True)
+    return tuned
+
+
+def test_wers(archive: Path, manifest: Path) -> dict[str, float]:
+    """Greedy, beam + LM and the archive's default decoding's WER (%) on ``manifest``."""
+    default = SpeechModel.restore_from(archive).cfg.decoding.strategy
+    model = SpeechModel.restore_from(archive, override_config={"decoding": {"strategy": "beam"}}).eval()
+    rows = read_nemo_manifest(manifest)
+    refs = [model.text_normalizer(r["text"]) for r in rows]
+    outputs = encoder_outputs(model, rows)
+    wers = {}
+    for strategy in ("greedy", "beam"):
+        hyps = [model.text_normalizer(t) for t in decode(model, outputs, len(rows), strategy)]
+        wers[strategy] = 100 * word_error_rate(hyps, refs)
+    wers["default"] = wers[default]
+    print(f"{archive.name}: greedy {wers['greedy']:.2f}%, beam + LM {wers['beam']:.2f}% (default: {default})")
+    return wers
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--base", required=True, type=Path, help="the archive heard zero-shot and fine-tuned")
+    parser.add_argument("--tuned", type=Path, help="its fine-tuned archive (skips the fine-tune)")
+    parser.add_argument("--minutes", type=float, default=8.0)
+    parser.add_argument("--tag", default="", help="names the fine-tune's figures (with overrides)")
+    parser.add_argument("--record", action="store_true", help="append the test WERs to results/human.jsonl")
+    parser.add_argument("overrides", nargs="*", help="after --: overrides of the fine-tune")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(2)
+    sets = prompt_sets(default_datasets_cache() / "asterisk-en-allison")
+    print({name: len(read_nemo_manifest(path)) for name, path in sets.items()}, flush=True)
+    zero_shot = test_wers(args.base, sets["test"])
+    with tempfile.TemporaryDirectory() as tmp:
+        tuned = args.tuned or finetune(args.base.resolve(), sets, args.minutes, Path(tmp), args.overrides)
+        tuned_wers = test_wers(tuned, sets["test"])
+    if args.record:
+        from results import append
+
+        tail = " ".join(["--", *args.overrides]) if args.overrides else ""
+        command = f"python benchmarks/human_prompts.py --base <asr_demo.stm> --minutes {args.minutes:g} {tail}"
+        note = ("Asterisk's prompts (one speaker, 8 kHz telephone prompts): test 112 prompts; fine-tuned on 401 "
+                f"of her other prompts, 2 processes, {args.minutes:g} min; base {args.base.name}")  # fmt: skip
+        tag = f".{args.tag}" if args.tag else ""
+        for key, value in zero_shot.items():
+            if key != "default":
+                append(f"human.prompts.zero_shot.{key}_wer", round(value, 2), "%", command.strip(), note)
+        for key, value in tuned_wers.items():
+            append(f"human.prompts.finetuned{tag}.{key}_wer", round(value, 2), "%", command.strip(), note)
+
+
+if __name__ == "__main__":
+    main()
