@@ -92,6 +92,44 @@ def decode(model, outputs, count: int, strategy: str) -> list[str]:
     return texts
 
 
+def lm_table(base_path: Path, tuned: Path, train: Path, sets: dict[str, Path], weights: str, tmp: Path):
+    """WER (%) per set and decoding of ``tuned``: greedy, and beam search with no LM, ``base_path``'s LM, one fitted
+    on ``train``'s transcripts and their interpolations (``weights``: the new LM's, comma-separated; ``auto``: the
+    fine-tuning rule's); prints the table."""
+    base = SpeechModel.restore_from(base_path)  # kept alive: its LM artifact is read below
+    archive_lm = NgramLM.read_arpa(base.cfg.decoding.lm_path)
+    order = archive_lm.order
+    new_lm = NgramLM.fit((r["text"] for r in read_nemo_manifest(train)), order=order)
+    lms = {"archive": archive_lm, "new": new_lm}
+    sentences = sum(1 for r in read_nemo_manifest(train) if r["text"].split())
+    for given in [w for w in weights.split(",") if w]:
+        weight = mix_weight(sentences) if given == "auto" else float(given)
+        name = "auto" if given == "auto" else f"mix{weight:g}".replace(".", "_")
+        lms[name] = interpolate([(archive_lm, 1.0 - weight), (new_lm, weight)])
+    paths = {"none": None, **{name: lm.write_arpa(tmp / f"{name}.arpa") for name, lm in lms.items()}}
+    model = SpeechModel.restore_from(tuned, override_config={"decoding": {"strategy": "beam"}}).eval()
+    norm = model.text_normalizer
+    table: dict[str, dict[str, float]] = {}
+    for name, manifest in sets.items():
+        rows = read_nemo_manifest(manifest)
+        refs = [norm(r["text"]) for r in rows]
+        outputs = encoder_outputs(model, rows)
+        results = {"greedy": decode(model, outputs, len(rows), "greedy")}
+        for lm_name, path in paths.items():
+            model.cfg.decoding.lm_path = str(path) if path else None
+            model._beam = model._transducer_beam = None  # the next beam search reads this LM
+            start = time.perf_counter()
+            results[lm_name] = decode(model, outputs, len(rows), "beam")
+            print(f"{name} {lm_name}: {time.perf_counter() - start:.0f} s", flush=True)
+        table[name] = {k: 100 * word_error_rate([norm(t) for t in v], refs) for k, v in results.items()}
+    words = {"none": 0, **{name: len(lm.known) - 3 for name, lm in lms.items()}}
+    print("\n| decoding | LM words | dev WER | test WER |\n|---|---|---|---|")
+    for key in table["dev"]:
+        lm_words = f"{words[key]:,}" if words.get(key) else ""
+        print(f"| {key} | {lm_words} | {table['dev'][key]:.2f}% | {table['test'][key]:.2f}% |")
+    return table
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--base", required=True, type=Path, help="the archive fine-tuned (make demo's)")
@@ -109,37 +147,7 @@ def main(argv: list[str] | None = None) -> None:
         tmp = Path(tmp)
         sets = small_set(tmp)
         tuned = args.tuned or finetune(args.base.resolve(), sets["dev"], args.minutes, tmp)
-        base = SpeechModel.restore_from(args.base)  # kept alive: its LM artifact is read below
-        archive_lm = NgramLM.read_arpa(base.cfg.decoding.lm_path)
-        order = archive_lm.order
-        new_lm = NgramLM.fit((r["text"] for r in read_nemo_manifest(resolve_manifest(TRAIN))), order=order)
-        lms = {"archive": archive_lm, "new": new_lm}
-        sentences = sum(1 for r in read_nemo_manifest(resolve_manifest(TRAIN)) if r["text"].split())
-        for given in [w for w in args.weights.split(",") if w]:
-            weight = mix_weight(sentences) if given == "auto" else float(given)
-            name = "auto" if given == "auto" else f"mix{weight:g}".replace(".", "_")
-            lms[name] = interpolate([(archive_lm, 1.0 - weight), (new_lm, weight)])
-        paths = {"none": None, **{name: lm.write_arpa(tmp / f"{name}.arpa") for name, lm in lms.items()}}
-        model = SpeechModel.restore_from(tuned, override_config={"decoding": {"strategy": "beam"}}).eval()
-        norm = model.text_normalizer
-        table: dict[str, dict[str, float]] = {}
-        for name, manifest in sets.items():
-            rows = read_nemo_manifest(manifest)
-            refs = [norm(r["text"]) for r in rows]
-            outputs = encoder_outputs(model, rows)
-            results = {"greedy": decode(model, outputs, len(rows), "greedy")}
-            for lm_name, path in paths.items():
-                model.cfg.decoding.lm_path = str(path) if path else None
-                model._beam = model._transducer_beam = None  # the next beam search reads this LM
-                start = time.perf_counter()
-                results[lm_name] = decode(model, outputs, len(rows), "beam")
-                print(f"{name} {lm_name}: {time.perf_counter() - start:.0f} s", flush=True)
-            table[name] = {k: 100 * word_error_rate([norm(t) for t in v], refs) for k, v in results.items()}
-        words = {"none": 0, **{name: len(lm.known) - 3 for name, lm in lms.items()}}
-        print("\n| decoding | LM words | dev WER | test WER |\n|---|---|---|---|")
-        for key in table["dev"]:
-            lm_words = f"{words[key]:,}" if words.get(key) else ""
-            print(f"| {key} | {lm_words} | {table['dev'][key]:.2f}% | {table['test'][key]:.2f}% |")
+        table = lm_table(args.base, tuned, resolve_manifest(TRAIN), sets, args.weights, tmp)
         if args.record:
             from results import append
 

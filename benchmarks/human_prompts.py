@@ -13,7 +13,9 @@ others ``train`` (401). Transcripts go through the built-in corpus's normaliser 
 1. Decodes ``test`` with ``--base``: greedy and beam + LM (the archive's LM).
 2. Fine-tunes ``--base`` on ``train`` with ``examples/asr_finetune.py`` for ``--minutes`` on 2 processes, ``dev``
    validating (the closing report chooses the default decoding on it), skipped with ``--tuned``.
-3. Decodes ``test`` with the fine-tuned model: greedy, beam + LM and the default decoding.
+3. Decodes ``test`` with the fine-tuned model: greedy, beam + LM and the default decoding; with ``--weights``, also
+   dev and test with each LM (:func:`asr_finetune_lm.lm_table`: the archive's, one of the new transcripts, their
+   mixes), a domain whose words the archive's LM lacks.
 
 ``--record`` appends the test WERs to results/human.jsonl. Nothing here trains a recipe on these prompts.
 """
@@ -34,7 +36,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from asr_finetune_lm import decode, encoder_outputs  # noqa: E402
+from asr_finetune_lm import decode, encoder_outputs, lm_table  # noqa: E402
 
 from speechtrain.common.metrics import word_error_rate  # noqa: E402
 from speechtrain.core.model import SpeechModel  # noqa: E402
@@ -121,6 +123,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--base", required=True, type=Path, help="the archive heard zero-shot and fine-tuned")
     parser.add_argument("--tuned", type=Path, help="its fine-tuned archive (skips the fine-tune)")
     parser.add_argument("--minutes", type=float, default=8.0)
+    parser.add_argument("--weights", default="", help="the new LM's weights to compare (e.g. auto,0.3,0.5,0.8)")
     parser.add_argument("--tag", default="", help="names the fine-tune's figures (with overrides)")
     parser.add_argument("--record", action="store_true", help="append the test WERs to results/human.jsonl")
     parser.add_argument("overrides", nargs="*", help="after --: overrides of the fine-tune")
@@ -132,11 +135,15 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         tuned = args.tuned or finetune(args.base.resolve(), sets, args.minutes, Path(tmp), args.overrides)
         tuned_wers = test_wers(tuned, sets["test"])
+        parts = {name: sets[name] for name in ("dev", "test")}
+        lms = lm_table(args.base, tuned, sets["train"], parts, args.weights, Path(tmp)) if args.weights else {}
     if args.record:
         from results import append
 
         tail = " ".join(["--", *args.overrides]) if args.overrides else ""
-        command = f"python benchmarks/human_prompts.py --base <asr_demo.stm> --minutes {args.minutes:g} {tail}"
+        weights = f"--weights {args.weights} " if args.weights else ""
+        command = f"python benchmarks/human_prompts.py --base <asr_demo.stm> --minutes {args.minutes:g} "
+        command += weights + tail
         note = ("Asterisk's prompts (one speaker, 8 kHz telephone prompts): test 112 prompts; fine-tuned on 401 "
                 f"of her other prompts, 2 processes, {args.minutes:g} min; base {args.base.name}")  # fmt: skip
         tag = f".{args.tag}" if args.tag else ""
@@ -145,6 +152,10 @@ def main(argv: list[str] | None = None) -> None:
                 append(f"human.prompts.zero_shot.{key}_wer", round(value, 2), "%", command.strip(), note)
         for key, value in tuned_wers.items():
             append(f"human.prompts.finetuned{tag}.{key}_wer", round(value, 2), "%", command.strip(), note)
+        for key, value in lms.get("test", {}).items():
+            if key != "greedy":
+                dev = f"; dev WER {lms['dev'][key]:.2f}%"
+                append(f"human.prompts.finetuned{tag}.lm.{key}_wer", round(value, 2), "%", command.strip(), note + dev)
 
 
 if __name__ == "__main__":
