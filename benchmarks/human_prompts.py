@@ -147,11 +147,12 @@ def main(argv: list[str] | None = None) -> None:
         note = ("Asterisk's prompts (one speaker, 8 kHz telephone prompts): test 112 prompts; fine-tuned on 401 "
                 f"of her other prompts, 2 processes, {args.minutes:g} min; base {args.base.name}")  # fmt: skip
         tag = f".{args.tag}" if args.tag else ""
+        names = {"greedy": "greedy", "beam": "beam_lm", "default": "default"}
         for key, value in zero_shot.items():
             if key != "default":
-                append(f"human.prompts.zero_shot.{key}_wer", round(value, 2), "%", command.strip(), note)
+                append(f"human.prompts.zero_shot.{names[key]}_wer", round(value, 2), "%", command.strip(), note)
         for key, value in tuned_wers.items():
-            append(f"human.prompts.finetuned{tag}.{key}_wer", round(value, 2), "%", command.strip(), note)
+            append(f"human.prompts.finetuned{tag}.{names[key]}_wer", round(value, 2), "%", command.strip(), note)
         for key, value in lms.get("test", {}).items():
             if key != "greedy":
                 dev = f"; dev WER {lms['dev'][key]:.2f}%"
