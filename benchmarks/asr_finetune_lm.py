@@ -55,20 +55,21 @@ def small_set(out: Path) -> dict[str, Path]:
     return paths
 
 
-def finetune(base: Path, dev: Path, minutes: float, out: Path) -> Path:
+def finetune(base: Path, train: str | Path, dev: Path, minutes: float, out: Path, overrides=()) -> Path:
+    """``base`` fine-tuned on ``train`` for ``minutes`` on 2 processes (``examples/asr_finetune.py``, ``dev``
+    validating, ``overrides`` after); prints its decoding report and returns its archive."""
     command = [
         sys.executable, str(ROOT / "examples" / "asr_finetune.py"), f"init_from.path={base}",
-        f"model.train_ds.manifest_filepath={TRAIN}", "model.train_ds.batch_duration=30",
-        f"model.validation_ds.manifest_filepath={dev}", "trainer.devices=2", "trainer.max_epochs=null",
-        f"trainer.max_time={{minutes: {minutes}}}", "trainer.check_val_every_n_epoch=1000",
-        f"exp_manager.exp_dir={out / 'exp'}", "trainer.enable_progress_bar=false",
+        f"model.train_ds.manifest_filepath={train}", f"model.validation_ds.manifest_filepath={dev}",
+        "trainer.devices=2", f"trainer.max_time={{minutes: {minutes}}}", f"exp_manager.exp_dir={out / 'exp'}",
+        "trainer.enable_progress_bar=false", *overrides,
     ]  # fmt: skip
     done = subprocess.run(command, env={**os.environ, "OMP_WAIT_POLICY": "PASSIVE"}, text=True, check=False,
                           capture_output=True)  # fmt: skip
     if done.returncode != 0:
         raise SystemExit(done.stdout[-2000:] + done.stderr[-4000:])
     (tuned,) = (out / "exp").glob("*/*/asr_finetune.stm")
-    print((tuned.parent / "decoding_report.md").read_text(), flush=True)
+    print((tuned.parent / "decoding_report.md").read_text(encoding="utf-8"), flush=True)
     return tuned
 
 
@@ -99,9 +100,10 @@ def lm_table(base_path: Path, tuned: Path, train: Path, sets: dict[str, Path], w
     base = SpeechModel.restore_from(base_path)  # kept alive: its LM artifact is read below
     archive_lm = NgramLM.read_arpa(base.cfg.decoding.lm_path)
     order = archive_lm.order
-    new_lm = NgramLM.fit((r["text"] for r in read_nemo_manifest(train)), order=order)
+    texts = [r["text"] for r in read_nemo_manifest(train)]
+    new_lm = NgramLM.fit(texts, order=order)
     lms = {"archive": archive_lm, "new": new_lm}
-    sentences = sum(1 for r in read_nemo_manifest(train) if r["text"].split())
+    sentences = sum(1 for text in texts if text.split())
     for given in [w for w in weights.split(",") if w]:
         weight = mix_weight(sentences) if given == "auto" else float(given)
         name = "auto" if given == "auto" else f"mix{weight:g}".replace(".", "_")
@@ -146,7 +148,8 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         sets = small_set(tmp)
-        tuned = args.tuned or finetune(args.base.resolve(), sets["dev"], args.minutes, tmp)
+        extra = ["model.train_ds.batch_duration=30", "trainer.max_epochs=null", "trainer.check_val_every_n_epoch=1000"]
+        tuned = args.tuned or finetune(args.base.resolve(), TRAIN, sets["dev"], args.minutes, tmp, extra)
         table = lm_table(args.base, tuned, resolve_manifest(TRAIN), sets, args.weights, tmp)
         if args.record:
             from results import append

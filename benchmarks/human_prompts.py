@@ -23,9 +23,7 @@ others ``train`` (401). Transcripts go through the built-in corpus's normaliser 
 import argparse
 import gzip
 import json
-import os
 import re
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -36,7 +34,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from asr_finetune_lm import decode, encoder_outputs, lm_table  # noqa: E402
+from asr_finetune_lm import decode, encoder_outputs, finetune, lm_table  # noqa: E402
 
 from speechtrain.common.metrics import word_error_rate  # noqa: E402
 from speechtrain.core.model import SpeechModel  # noqa: E402
@@ -86,26 +84,10 @@ def prompt_sets(cache: Path) -> dict[str, Path]:
     return paths
 
 
-def finetune(base: Path, sets: dict[str, Path], minutes: float, out: Path, overrides: list[str]) -> Path:
-    command = [
-        sys.executable, str(ROOT / "examples" / "asr_finetune.py"), f"init_from.path={base}",
-        f"model.train_ds.manifest_filepath={sets['train']}", f"model.validation_ds.manifest_filepath={sets['dev']}",
-        "trainer.devices=2", f"trainer.max_time={{seconds: {round(minutes * 60)}}}", f"exp_manager.exp_dir={out}",
-        "trainer.enable_progress_bar=false", *overrides,
-    ]  # fmt: skip
-    done = subprocess.run(command, env={**os.environ, "OMP_WAIT_POLICY": "PASSIVE"}, text=True, check=False,
-                          capture_output=True)  # fmt: skip
-    if done.returncode != 0:
-        raise SystemExit(done.stdout[-2000:] + done.stderr[-4000:])
-    (tuned,) = out.glob("*/*/asr_finetune.stm")
-    print((tuned.parent / "decoding_report.md").read_text(encoding="utf-8"), flush=True)
-    return tuned
-
-
 def test_wers(archive: Path, manifest: Path) -> dict[str, float]:
     """Greedy, beam + LM and the archive's default decoding's WER (%) on ``manifest``."""
-    default = SpeechModel.restore_from(archive).cfg.decoding.strategy
-    model = SpeechModel.restore_from(archive, override_config={"decoding": {"strategy": "beam"}}).eval()
+    model = SpeechModel.restore_from(archive).eval()
+    default = model.cfg.decoding.strategy
     rows = read_nemo_manifest(manifest)
     refs = [model.text_normalizer(r["text"]) for r in rows]
     outputs = encoder_outputs(model, rows)
@@ -133,7 +115,8 @@ def main(argv: list[str] | None = None) -> None:
     print({name: len(read_nemo_manifest(path)) for name, path in sets.items()}, flush=True)
     zero_shot = test_wers(args.base, sets["test"])
     with tempfile.TemporaryDirectory() as tmp:
-        tuned = args.tuned or finetune(args.base.resolve(), sets, args.minutes, Path(tmp), args.overrides)
+        train, dev = sets["train"], sets["dev"]
+        tuned = args.tuned or finetune(args.base.resolve(), train, dev, args.minutes, Path(tmp), args.overrides)
         tuned_wers = test_wers(tuned, sets["test"])
         parts = {name: sets[name] for name in ("dev", "test")}
         lms = lm_table(args.base, tuned, sets["train"], parts, args.weights, Path(tmp)) if args.weights else {}
