@@ -306,3 +306,10 @@ def test_human_prompts_reads_the_asterisk_prompts_into_disjoint_16_khz_sets(tmp_
     assert len(set(files)) == 21 and all(sf.info(f).samplerate == 16000 for f in files)
     texts = {Path(r["audio_filepath"]).stem: r["text"] for part in rows.values() for r in part}
     assert texts["digits__7"] == "seven" and texts["p00"] == "press pound"
+
+
+def test_human_prompts_without_the_debian_packages_says_what_to_install(tmp_path, monkeypatch):
+    main = _main("human_prompts")
+    monkeypatch.setitem(main.__globals__, "SOUNDS", tmp_path / "absent")
+    with pytest.raises(SystemExit, match="apt-get install asterisk-core-sounds-en-wav asterisk-core-sounds-en"):
+        main.__globals__["prompt_sets"](tmp_path / "cache")
