@@ -55,12 +55,19 @@ def small_set(out: Path) -> dict[str, Path]:
     return paths
 
 
-def finetune(base: Path, train: str | Path, dev: Path, minutes: float, out: Path, overrides=()) -> Path:
-    """``base`` fine-tuned on ``train`` for ``minutes`` on 2 processes (``examples/asr_finetune.py``, ``dev``
-    validating, ``overrides`` after); prints its decoding report and returns its archive."""
+def finetune(base: Path, train: str | Path | list[dict], dev: Path, minutes: float, out: Path, overrides=()) -> Path:
+    """``base`` fine-tuned on ``train`` (a manifest, or ``input_cfg`` sources) for ``minutes`` on 2 processes
+    (``examples/asr_finetune.py``, ``dev`` validating, ``overrides`` after); prints its decoding report and returns
+    its archive."""
+    if isinstance(train, list):
+        from leave_one_out import hydra_list
+
+        data = f"model.train_ds.input_cfg={hydra_list(train)}"
+    else:
+        data = f"model.train_ds.manifest_filepath={train}"
     command = [
         sys.executable, str(ROOT / "examples" / "asr_finetune.py"), f"init_from.path={base}",
-        f"model.train_ds.manifest_filepath={train}", f"model.validation_ds.manifest_filepath={dev}",
+        data, f"model.validation_ds.manifest_filepath={dev}",
         "trainer.devices=2", f"trainer.max_time={{minutes: {minutes}}}", f"exp_manager.exp_dir={out / 'exp'}",
         "trainer.enable_progress_bar=false", *overrides,
     ]  # fmt: skip

@@ -4,6 +4,7 @@ and after a short fine-tune on her other prompts.
 
     apt-get install asterisk-core-sounds-en-wav asterisk-core-sounds-en
     python benchmarks/human_prompts.py --base asr_demo.stm [--minutes 8] [--record] [-- FINE-TUNE OVERRIDES]
+    python benchmarks/human_prompts.py --base asr_demo.stm --replay builtin:speech/train [--replay-share 0.5]
 
 The prompts with words in them (563, 25 minutes; digits, letters and phrases; 8 kHz, resampled to 16 kHz once into
 the datasets cache) are sorted by name: every fifth is ``test`` (112), every ninth of the rest ``dev`` (50), the
@@ -12,7 +13,9 @@ others ``train`` (401). Transcripts go through the built-in corpus's normaliser 
 
 1. Decodes ``test`` with ``--base``: greedy and beam + LM (the archive's LM).
 2. Fine-tunes ``--base`` on ``train`` with ``examples/asr_finetune.py`` for ``--minutes`` on 2 processes, ``dev``
-   validating (the closing report chooses the default decoding on it), skipped with ``--tuned``.
+   validating (the closing report chooses the default decoding on it), skipped with ``--tuned``. ``--replay``
+   mixes another set into the fine-tune's data (the archive's own training data, say): ``--replay-share`` of the
+   utterances drawn come from it.
 3. Decodes ``test`` with the fine-tuned model: greedy, beam + LM and the default decoding; with ``--weights``, also
    dev and test with each LM (:func:`asr_finetune_lm.lm_table`: the archive's, one of the new transcripts, their
    mixes), a domain whose words the archive's LM lacks.
@@ -38,6 +41,7 @@ from asr_finetune_lm import decode, encoder_outputs, finetune, lm_table  # noqa:
 
 from speechtrain.common.metrics import word_error_rate  # noqa: E402
 from speechtrain.core.model import SpeechModel  # noqa: E402
+from speechtrain.corpora.builtin import resolve_manifest  # noqa: E402
 from speechtrain.corpora.cache import default_datasets_cache  # noqa: E402
 from speechtrain.corpora.sentences import normalize_transcript  # noqa: E402
 from speechtrain.data.augment import resample  # noqa: E402
@@ -84,6 +88,17 @@ def prompt_sets(cache: Path) -> dict[str, Path]:
     return paths
 
 
+def replay_sources(train: Path, replay: str, share: float) -> list[dict]:
+    """``input_cfg`` sources drawing ``train`` and ``replay`` (e.g. the archive's own training data) in the ratio
+    ``1 - share : share``: ``train`` repeated so that both run out together."""
+    if not 0 < share < 1:
+        raise SystemExit(f"--replay-share must lie between 0 and 1, got {share}.")
+    mine, theirs = len(read_nemo_manifest(train)), len(read_nemo_manifest(resolve_manifest(replay)))
+    repeat = max(1, round((1 - share) * theirs / (share * mine)))
+    return [{"manifest_filepath": str(train), "weight": mine * repeat, "repeat": repeat},
+            {"manifest_filepath": replay, "weight": theirs}]  # fmt: skip
+
+
 def test_wers(archive: Path, manifest: Path) -> dict[str, float]:
     """Greedy, beam + LM and the archive's default decoding's WER (%) on ``manifest``."""
     model = SpeechModel.restore_from(archive).eval()
@@ -106,7 +121,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--tuned", type=Path, help="its fine-tuned archive (skips the fine-tune)")
     parser.add_argument("--minutes", type=float, default=8.0)
     parser.add_argument("--weights", default="", help="the new LM's weights to compare (e.g. auto,0.3,0.5,0.8)")
+    parser.add_argument("--replay", help="a manifest (or builtin: name) mixed into the fine-tune's data")
+    parser.add_argument("--replay-share", type=float, default=0.5, help="its share of the utterances drawn")
+    parser.add_argument("--keep", type=Path, help="a folder to keep the fine-tune's run in (default: deleted)")
     parser.add_argument("--tag", default="", help="names the fine-tune's figures (with overrides)")
+    parser.add_argument("--base-tag", default="", help="names the zero-shot figures (another base's recipe)")
     parser.add_argument("--record", action="store_true", help="append the test WERs to results/human.jsonl")
     parser.add_argument("overrides", nargs="*", help="after --: overrides of the fine-tune")
     args = parser.parse_args(argv)
@@ -116,7 +135,9 @@ def main(argv: list[str] | None = None) -> None:
     zero_shot = test_wers(args.base, sets["test"])
     with tempfile.TemporaryDirectory() as tmp:
         train, dev = sets["train"], sets["dev"]
-        tuned = args.tuned or finetune(args.base.resolve(), train, dev, args.minutes, Path(tmp), args.overrides)
+        data = replay_sources(train, args.replay, args.replay_share) if args.replay else train
+        out = args.keep.resolve() if args.keep else Path(tmp)
+        tuned = args.tuned or finetune(args.base.resolve(), data, dev, args.minutes, out, args.overrides)
         tuned_wers = test_wers(tuned, sets["test"])
         parts = {name: sets[name] for name in ("dev", "test")}
         lms = lm_table(args.base, tuned, sets["train"], parts, args.weights, Path(tmp)) if args.weights else {}
@@ -126,14 +147,19 @@ def main(argv: list[str] | None = None) -> None:
         tail = " ".join(["--", *args.overrides]) if args.overrides else ""
         weights = f"--weights {args.weights} " if args.weights else ""
         command = f"python benchmarks/human_prompts.py --base <asr_demo.stm> --minutes {args.minutes:g} "
+        if args.replay:
+            command += f"--replay {args.replay} --replay-share {args.replay_share:g} "
         command += weights + tail
         note = ("Asterisk's prompts (one speaker, 8 kHz telephone prompts): test 112 prompts; fine-tuned on 401 "
                 f"of her other prompts, 2 processes, {args.minutes:g} min; base {args.base.name}")  # fmt: skip
+        if args.replay:
+            note += f"; {args.replay} replayed, {args.replay_share:.0%} of the utterances drawn"
         tag = f".{args.tag}" if args.tag else ""
         names = {"greedy": "greedy", "beam": "beam_lm", "default": "default"}
         for key, value in zero_shot.items():
             if key != "default":
-                append(f"human.prompts.zero_shot.{names[key]}_wer", round(value, 2), "%", command.strip(), note)
+                base = f".{args.base_tag}" if args.base_tag else ""
+                append(f"human.prompts.zero_shot{base}.{names[key]}_wer", round(value, 2), "%", command.strip(), note)
         for key, value in tuned_wers.items():
             append(f"human.prompts.finetuned{tag}.{names[key]}_wer", round(value, 2), "%", command.strip(), note)
         for key, value in lms.get("test", {}).items():

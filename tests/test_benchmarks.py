@@ -313,3 +313,42 @@ def test_human_prompts_without_the_debian_packages_says_what_to_install(tmp_path
     monkeypatch.setitem(main.__globals__, "SOUNDS", tmp_path / "absent")
     with pytest.raises(SystemExit, match="apt-get install asterisk-core-sounds-en-wav asterisk-core-sounds-en"):
         main.__globals__["prompt_sets"](tmp_path / "cache")
+
+
+def test_telephone_band_writes_the_set_through_the_channel_with_absolute_paths(tmp_path):
+    import numpy as np
+    import soundfile as sf
+
+    main = _main("telephone_band")
+    (tmp_path / "audio").mkdir()
+    t = np.arange(16000) / 16000
+    rows = []
+    for i, hz in enumerate((1000.0, 6000.0)):  # one tone inside the band, one above it
+        sf.write(tmp_path / "audio" / f"{i}.wav", (0.5 * np.sin(2 * np.pi * hz * t)).astype(np.float32), 16000)
+        rows.append({"audio_filepath": f"audio/{i}.wav", "duration": 1.0, "text": f"tone {i}"})
+    manifest = tmp_path / "set.json"
+    manifest.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    phone = main.__globals__["through_telephone"](manifest, tmp_path / "phone")
+    out = [json.loads(line) for line in phone.read_text().splitlines()]
+    assert [r["text"] for r in out] == ["tone 0", "tone 1"]
+    inside, above = (sf.read(r["audio_filepath"])[0] for r in out)
+    assert sf.info(out[0]["audio_filepath"]).samplerate == 16000 and len(inside) == 16000
+    rms = [float(np.sqrt(np.mean(x[4000:] ** 2))) for x in (inside, above)]
+    assert rms[0] > 0.25 and rms[1] < 0.05 * rms[0]  # 6 kHz does not pass an 8 kHz line
+    wide = main.__globals__["absolute"](manifest, tmp_path / "wide.json")
+    assert all(Path(json.loads(line)["audio_filepath"]).is_absolute() for line in wide.read_text().splitlines())
+
+
+def test_human_prompts_replay_draws_her_prompts_and_the_replayed_set_in_the_asked_ratio(tmp_path):
+    main = _main("human_prompts")
+    mine, theirs = tmp_path / "mine.json", tmp_path / "theirs.json"
+    mine.write_text("".join(json.dumps({"audio_filepath": f"{i}.wav", "duration": 1, "text": "a"}) + "\n"
+                            for i in range(40)))  # fmt: skip
+    theirs.write_text("".join(json.dumps({"audio_filepath": f"{i}.wav", "duration": 1, "text": "b"}) + "\n"
+                              for i in range(1000)))  # fmt: skip
+    sources = main.__globals__["replay_sources"](mine, str(theirs), 0.5)
+    assert sources == [{"manifest_filepath": str(mine), "weight": 1000, "repeat": 25},
+                       {"manifest_filepath": str(theirs), "weight": 1000}]  # fmt: skip
+    assert main.__globals__["replay_sources"](mine, str(theirs), 0.8)[0]["repeat"] == 6  # 240 : 1000
+    with pytest.raises(SystemExit, match="--replay-share"):
+        main.__globals__["replay_sources"](mine, str(theirs), 1.0)
