@@ -156,9 +156,9 @@ def main(argv: list[str] | None = None) -> None:
             note += f"; {args.replay} replayed, {args.replay_share:.0%} of the utterances drawn"
         tag = f".{args.tag}" if args.tag else ""
         names = {"greedy": "greedy", "beam": "beam_lm", "default": "default"}
+        base = f".{args.base_tag}" if args.base_tag else ""
         for key, value in zero_shot.items():
             if key != "default":
-                base = f".{args.base_tag}" if args.base_tag else ""
                 append(f"human.prompts.zero_shot{base}.{names[key]}_wer", round(value, 2), "%", command.strip(), note)
         for key, value in tuned_wers.items():
             append(f"human.prompts.finetuned{tag}.{names[key]}_wer", round(value, 2), "%", command.strip(), note)

@@ -30,30 +30,35 @@ from speechtrain.data.manifest import read_nemo_manifest  # noqa: E402
 SET = "builtin:speech/test"
 
 
-def through_telephone(manifest: Path, out: Path) -> Path:
-    """A copy of ``manifest`` whose audio went through the telephone channel (written under ``out``)."""
-    out.mkdir(parents=True, exist_ok=True)
-    rows = []
-    for i, row in enumerate(read_nemo_manifest(manifest)):
-        source = Path(row["audio_filepath"])
-        source = source if source.is_absolute() else manifest.parent / source
-        samples, rate = sf.read(source, dtype="float32", always_2d=True)
-        target = out / f"{i:05d}.wav"
-        sf.write(target, telephone(torch.from_numpy(samples.mean(axis=1)), rate).numpy(), rate)
-        rows.append(dict(row, audio_filepath=str(target)))
-    path = out / "manifest.json"
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
-    return path
-
-
-def absolute(manifest: Path, out: Path) -> Path:
-    """``manifest`` with absolute audio paths (the decoder reads them as given)."""
+def rows_of(manifest: Path) -> list[dict]:
+    """``manifest``'s rows with absolute audio paths (relative ones are relative to the manifest)."""
     rows = []
     for row in read_nemo_manifest(manifest):
         source = Path(row["audio_filepath"])
         rows.append(dict(row, audio_filepath=str(source if source.is_absolute() else manifest.parent / source)))
-    out.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
-    return out
+    return rows
+
+
+def write_manifest(rows: list[dict], path: Path) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return path
+
+
+def through_telephone(manifest: Path, out: Path) -> Path:
+    """A copy of ``manifest`` whose audio went through the telephone channel (written under ``out``)."""
+    out.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for i, row in enumerate(rows_of(manifest)):
+        samples, rate = sf.read(row["audio_filepath"], dtype="float32", always_2d=True)
+        target = out / f"{i:05d}.wav"
+        sf.write(target, telephone(torch.from_numpy(samples.mean(axis=1)), rate).numpy(), rate)
+        rows.append(dict(row, audio_filepath=str(target)))
+    return write_manifest(rows, out / "manifest.json")
+
+
+def absolute(manifest: Path, out: Path) -> Path:
+    """``manifest`` with absolute audio paths (the decoder reads them as given)."""
+    return write_manifest(rows_of(manifest), out)
 
 
 def main(argv: list[str] | None = None) -> None:
