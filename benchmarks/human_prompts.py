@@ -39,7 +39,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from asr_finetune_lm import decode, encoder_outputs, finetune, lm_table  # noqa: E402
 
-from speechtrain.common.metrics import word_error_rate  # noqa: E402
+from speechtrain.common.metrics import error_rate, reference_hits, word_error_rate  # noqa: E402
 from speechtrain.core.model import SpeechModel  # noqa: E402
 from speechtrain.corpora.builtin import resolve_manifest  # noqa: E402
 from speechtrain.corpora.cache import default_datasets_cache  # noqa: E402
@@ -99,20 +99,40 @@ def replay_sources(train: Path, replay: str, share: float) -> list[dict]:
             {"manifest_filepath": replay, "weight": theirs}]  # fmt: skip
 
 
-def test_wers(archive: Path, manifest: Path) -> dict[str, float]:
-    """Greedy, beam + LM and the archive's default decoding's WER (%) on ``manifest``."""
+def test_wers(archive: Path, manifest: Path, train: Path) -> dict[str, float]:
+    """Greedy, beam + LM and the archive's default decoding's WER (%) on ``manifest``; and the share (%) of its
+    reference words that greedy decoding gets wrong (substituted or deleted) among the words of ``train`` (the
+    fine-tune's transcripts) and among the others: whether a fine-tune fails on her voice or on words it never
+    heard her say."""
     model = SpeechModel.restore_from(archive).eval()
     default = model.cfg.decoding.strategy
     rows = read_nemo_manifest(manifest)
     refs = [model.text_normalizer(r["text"]) for r in rows]
+    seen = {word for r in read_nemo_manifest(train) for word in model.text_normalizer(r["text"]).split()}
     outputs = encoder_outputs(model, rows)
     wers = {}
     for strategy in ("greedy", "beam"):
         hyps = [model.text_normalizer(t) for t in decode(model, outputs, len(rows), strategy)]
         wers[strategy] = 100 * word_error_rate(hyps, refs)
+        if strategy == "greedy":
+            wers |= word_errors_by_seen(hyps, refs, seen)
     wers["default"] = wers[default]
-    print(f"{archive.name}: greedy {wers['greedy']:.2f}%, beam + LM {wers['beam']:.2f}% (default: {default})")
+    print(f"{archive.name}: greedy {wers['greedy']:.2f}%, beam + LM {wers['beam']:.2f}% (default: {default}); greedy "
+          f"gets {wers['seen_words']:.1f}% of the words her train prompts hold wrong, {wers['unseen_words']:.1f}% of "
+          "the others")  # fmt: skip
     return wers
+
+
+def word_errors_by_seen(hyps: list[str], refs: list[str], seen: set[str]) -> dict[str, float]:
+    """``seen_words`` / ``unseen_words``: % of the reference words in / not in ``seen`` that ``hyps`` substitute or
+    delete (insertions belong to no reference word)."""
+    wrong, total = {True: 0, False: 0}, {True: 0, False: 0}
+    for hyp, ref in zip(hyps, refs, strict=True):
+        words = ref.split()
+        for word, hit in zip(words, reference_hits(hyp.split(), words)[0], strict=True):
+            total[word in seen] += 1
+            wrong[word in seen] += not hit
+    return {f"{'seen' if key else 'unseen'}_words": 100 * error_rate(wrong[key], total[key]) for key in (True, False)}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -132,13 +152,13 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(2)
     sets = prompt_sets(default_datasets_cache() / "asterisk-en-allison")
     print({name: len(read_nemo_manifest(path)) for name, path in sets.items()}, flush=True)
-    zero_shot = test_wers(args.base, sets["test"])
+    zero_shot = test_wers(args.base, sets["test"], sets["train"])
     with tempfile.TemporaryDirectory() as tmp:
         train, dev = sets["train"], sets["dev"]
         data = replay_sources(train, args.replay, args.replay_share) if args.replay else train
         out = args.keep.resolve() if args.keep else Path(tmp)
         tuned = args.tuned or finetune(args.base.resolve(), data, dev, args.minutes, out, args.overrides)
-        tuned_wers = test_wers(tuned, sets["test"])
+        tuned_wers = test_wers(tuned, sets["test"], sets["train"])
         parts = {name: sets[name] for name in ("dev", "test")}
         lms = lm_table(args.base, tuned, sets["train"], parts, args.weights, Path(tmp)) if args.weights else {}
     if args.record:
@@ -149,6 +169,8 @@ def main(argv: list[str] | None = None) -> None:
         command = f"python benchmarks/human_prompts.py --base <asr_demo.stm> --minutes {args.minutes:g} "
         if args.replay:
             command += f"--replay {args.replay} --replay-share {args.replay_share:g} "
+        named = (("tag", args.tag), ("base-tag", args.base_tag))
+        command += "".join(f"--{flag} {value} " for flag, value in named if value)
         command += weights + tail
         note = ("Asterisk's prompts (one speaker, 8 kHz telephone prompts): test 112 prompts; fine-tuned on 401 "
                 f"of her other prompts, 2 processes, {args.minutes:g} min; base {args.base.name}")  # fmt: skip
@@ -156,12 +178,14 @@ def main(argv: list[str] | None = None) -> None:
             note += f"; {args.replay} replayed, {args.replay_share:.0%} of the utterances drawn"
         tag = f".{args.tag}" if args.tag else ""
         names = {"greedy": "greedy", "beam": "beam_lm", "default": "default"}
+        words = {"seen_words": "greedy_word_errors.seen", "unseen_words": "greedy_word_errors.unseen"}
         base = f".{args.base_tag}" if args.base_tag else ""
         for key, value in zero_shot.items():
-            if key != "default":
+            if key in ("greedy", "beam"):
                 append(f"human.prompts.zero_shot{base}.{names[key]}_wer", round(value, 2), "%", command.strip(), note)
         for key, value in tuned_wers.items():
-            append(f"human.prompts.finetuned{tag}.{names[key]}_wer", round(value, 2), "%", command.strip(), note)
+            name = f"{names[key]}_wer" if key in names else words[key]
+            append(f"human.prompts.finetuned{tag}.{name}", round(value, 2), "%", command.strip(), note)
         for key, value in lms.get("test", {}).items():
             if key != "greedy":
                 dev = f"; dev WER {lms['dev'][key]:.2f}%"

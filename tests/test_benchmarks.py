@@ -352,3 +352,11 @@ def test_human_prompts_replay_draws_her_prompts_and_the_replayed_set_in_the_aske
     assert main.__globals__["replay_sources"](mine, str(theirs), 0.8)[0]["repeat"] == 6  # 240 : 1000
     with pytest.raises(SystemExit, match="--replay-share"):
         main.__globals__["replay_sources"](mine, str(theirs), 1.0)
+
+
+def test_human_prompts_splits_word_errors_by_whether_the_fine_tune_heard_the_word():
+    split = _main("human_prompts").__globals__["word_errors_by_seen"]
+    refs, hyps = ["press one", "thousand hundred", "star"], ["press won", "housand hundred and", "star"]
+    got = split(hyps, refs, {"press", "one", "hundred"})  # seen: "one" of 3 wrong; unseen: "thousand" of 2
+    assert got == pytest.approx({"seen_words": 100 / 3, "unseen_words": 50.0})
+    assert split(hyps, refs, set())["seen_words"] != split(hyps, refs, set())["seen_words"]  # n/a: NaN

@@ -52,6 +52,33 @@ def edit_distance(hyp: Sequence[Hashable], ref: Sequence[Hashable]) -> int:
     return distance
 
 
+def reference_hits(hyp: Sequence[Hashable], ref: Sequence[Hashable]) -> tuple[list[bool], int]:
+    """Which reference tokens a minimum-edit alignment of ``hyp`` to ``ref`` keeps (True) rather than substitutes or
+    deletes, and how many tokens it inserts; ``hits.count(False) + insertions == edit_distance(hyp, ref)``.
+
+    Per-token errors answer what a corpus WER cannot: which words fail (say, words a fine-tune never heard against
+    those it did). A plain dynamic program with a backtrace (:func:`edit_distance` keeps no alignment); of equally
+    short alignments it keeps matches first.
+    """
+    rows, cols = len(ref), len(hyp)
+    table = [[i + j if i * j == 0 else 0 for j in range(cols + 1)] for i in range(rows + 1)]
+    for i in range(1, rows + 1):
+        for j in range(1, cols + 1):
+            table[i][j] = min(
+                table[i - 1][j - 1] + (ref[i - 1] != hyp[j - 1]), table[i - 1][j] + 1, table[i][j - 1] + 1
+            )
+    hits, insertions, i, j = [False] * rows, 0, rows, cols
+    while i or j:
+        if i and j and table[i][j] == table[i - 1][j - 1] + (ref[i - 1] != hyp[j - 1]):
+            hits[i - 1] = ref[i - 1] == hyp[j - 1]
+            i, j = i - 1, j - 1
+        elif i and table[i][j] == table[i - 1][j] + 1:
+            i -= 1  # deleted: stays False
+        else:
+            insertions, j = insertions + 1, j - 1
+    return hits, insertions
+
+
 def _check_lengths(hyps: Sequence[str], refs: Sequence[str]) -> None:
     if len(hyps) != len(refs):
         raise ValueError(f"{len(hyps)} hypotheses for {len(refs)} references")

@@ -8,6 +8,7 @@ from speechtrain.common.metrics import (
     char_errors,
     edit_distance,
     format_rate,
+    reference_hits,
     word_error_rate,
     word_errors,
 )
@@ -94,3 +95,18 @@ def test_cer_sums_over_batches():
     whole = char_errors(hyps, refs)
     parts = [char_errors([h], [r]) for h, r in zip(hyps, refs)]
     assert whole == (sum(e for e, _ in parts), sum(n for _, n in parts)) == (1 + 1 + 2, 11 + 7 + 2)
+
+
+def test_reference_hits_mark_kept_words_and_count_insertions():
+    assert reference_hits("the cat sat".split(), "the cat sat".split()) == ([True, True, True], 0)
+    assert reference_hits("the bat sat down".split(), "the cat sat".split()) == ([True, False, True], 1)
+    assert reference_hits("cat".split(), "the cat sat".split()) == ([False, True, False], 0)
+    assert reference_hits([], ["a"]) == ([False], 0)
+    assert reference_hits(["a", "b"], []) == ([], 2)
+    rng = random.Random(5)
+    for _ in range(300):
+        ref = [rng.choice("abc") for _ in range(rng.randint(0, 7))]
+        hyp = [rng.choice("abcd") for _ in range(rng.randint(0, 7))]
+        hits, insertions = reference_hits(hyp, ref)
+        assert len(hits) == len(ref)
+        assert hits.count(False) + insertions == edit_distance(hyp, ref)
