@@ -16,11 +16,13 @@ others ``train`` (401). Transcripts go through the built-in corpus's normaliser 
    validating (the closing report chooses the default decoding on it), skipped with ``--tuned``. ``--replay``
    mixes another set into the fine-tune's data (the archive's own training data, say): ``--replay-share`` of the
    utterances drawn come from it.
-3. Decodes ``test`` with the fine-tuned model: greedy, beam + LM and the default decoding; with ``--weights``, also
+3. Decodes ``test`` with the fine-tuned model: greedy, beam + LM and the default decoding, and splits greedy's errors
+   by word: the share wrong of the words her ``train`` prompts hold and of those they lack; with ``--weights``, also
    dev and test with each LM (:func:`asr_finetune_lm.lm_table`: the archive's, one of the new transcripts, their
    mixes), a domain whose words the archive's LM lacks.
 
-``--record`` appends the test WERs to results/human.jsonl. Nothing here trains a recipe on these prompts.
+``--record`` appends the test WERs and that split to results/human.jsonl. Nothing here trains a recipe on these
+prompts.
 """
 
 import argparse
